@@ -1,0 +1,30 @@
+"""The pure core: vote state, uncertainties and allocation policies (no I/O)."""
+
+from blendserve.core.policies import (
+    POLICIES,
+    AllocationPolicy,
+    ASCPolicy,
+    BlendPolicy,
+    ESCPolicy,
+    OraclePolicy,
+    PolicySpec,
+    PPRPolicy,
+    SCPolicy,
+)
+from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.core.votes import VoteState
+
+__all__ = [
+    "POLICIES",
+    "ASCPolicy",
+    "AllocationPolicy",
+    "BlendPolicy",
+    "ESCPolicy",
+    "OraclePolicy",
+    "PPRPolicy",
+    "PolicySpec",
+    "SCPolicy",
+    "VoteState",
+    "asc_log_uncertainty",
+    "ppr_log_uncertainty",
+]

@@ -1,0 +1,201 @@
+"""The allocation-policy contract shared by the simulator and the scheduler."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Hashable
+
+from blendserve.core.uncertainty import ppr_log_uncertainty
+from blendserve.core.votes import VoteState
+
+__all__ = ["AllocationPolicy"]
+
+# Reasons a question may not receive a sample now (bit flags, 0 = selectable).
+_PENDING = 1
+_CAPPED = 2
+_FINISHED = 4
+
+
+class AllocationPolicy(ABC):
+    """Decides which questions receive the next samples of one total budget.
+
+    Protocol: ``select(k)`` returns up to ``k`` distinct question indices and
+    counts one dispatched sample for each (the budget is charged at dispatch
+    and never exceeded); each dispatched sample is later either recorded with
+    ``observe(q, key)`` or refunded with ``cancel(q)``. A question with a
+    sample in flight is not selected again until it completes.
+
+    Every question first gets one sample, in index order. A question whose
+    PPR-1v1 uncertainty falls to ``settle_delta`` is settled: it gets no more
+    samples (``settle_delta=0`` disables settling).
+
+    Args:
+        num_questions: questions in the job.
+        budget: total samples, at least one per question.
+        settle_delta: PPR-1v1 error at which a question stops; 0 never settles.
+        cap: skip questions holding more than ``cap`` times the mean samples
+            per question (None: no cap).
+        seed: seeds the random tie-break.
+    """
+
+    #: Short name used by the simulator and the service.
+    name: str = ""
+
+    def __init__(
+        self,
+        num_questions: int,
+        budget: int,
+        *,
+        settle_delta: float = 0.0,
+        cap: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        if budget < num_questions:
+            raise ValueError(
+                f"budget {budget} is below one sample per question ({num_questions} questions)"
+            )
+        if not 0.0 <= settle_delta < 1.0:
+            raise ValueError(f"settle_delta must be in [0, 1), got {settle_delta}")
+        if cap is not None and cap <= 1.0:
+            raise ValueError(f"cap must exceed 1 (a multiple of the mean), got {cap}")
+        self.cap = cap
+        self.votes = VoteState(num_questions)
+        self.budget = budget
+        self.num_dispatched = 0
+        self.settle_log_delta = math.log(settle_delta) if settle_delta > 0 else -math.inf
+        self.rng = random.Random(seed)
+        # question index -> samples dispatched (observed + in flight)
+        self.num_assigned: list[int] = [0] * num_questions
+        self._flags = [0] * num_questions
+        self._settled = [False] * num_questions
+        self._num_pending = 0
+        self._unsampled: deque[int] = deque(range(num_questions))
+        self._capped: list[tuple[int, int]] = []  # heap of (samples assigned, question)
+
+    @property
+    def num_questions(self) -> int:
+        """Questions in the job."""
+        return self.votes.num_questions
+
+    @property
+    def num_remaining(self) -> int:
+        """Budget not yet dispatched."""
+        return self.budget - self.num_dispatched
+
+    @property
+    def num_pending(self) -> int:
+        """Samples dispatched and not yet observed or cancelled."""
+        return self._num_pending
+
+    def is_settled(self, q: int) -> bool:
+        """Whether question ``q`` was settled by ``settle_delta``."""
+        return self._settled[q]
+
+    @property
+    def done(self) -> bool:
+        """No sample is in flight and none can be dispatched any more."""
+        return self._num_pending == 0 and (self.num_remaining == 0 or not self._has_selectable())
+
+    def select(self, k: int = 1) -> list[int]:
+        """Chooses up to ``k`` distinct questions for the next samples.
+
+        Args:
+            k: how many samples to dispatch now (a batch).
+
+        Returns:
+            Question indices, best first; fewer than ``k`` (possibly none) when
+            the budget or the selectable questions run out.
+        """
+        k = min(k, self.num_remaining)
+        chosen: list[int] = []
+        while len(chosen) < k and self._unsampled:
+            q = self._unsampled.popleft()
+            if self._flags[q] == 0 and self.num_assigned[q] == 0:
+                chosen.append(q)
+                self._dispatch(q)
+        if len(chosen) < k:
+            for q in self._choose(k - len(chosen)):
+                chosen.append(q)
+                self._dispatch(q)
+        return chosen
+
+    def observe(self, q: int, key: Hashable | None) -> None:
+        """Records a completed sample of ``q`` with canonical answer ``key``.
+
+        ``key=None`` is a sample with no extractable answer: it is spent but
+        does not vote.
+        """
+        self._num_pending -= 1
+        self.votes.add(q, key)
+        self._on_vote(q, key)
+        if (
+            not self._settled[q]
+            and self.settle_log_delta > -math.inf
+            and self.votes.n1[q] > 0
+            and ppr_log_uncertainty(*self.votes.state(q)) <= self.settle_log_delta
+        ):
+            self._settled[q] = True
+            self._set(q, _FINISHED)
+        self._clear(q, _PENDING)
+
+    def cancel(self, q: int) -> None:
+        """Refunds a dispatched sample of ``q`` that produced nothing."""
+        self._num_pending -= 1
+        self.num_dispatched -= 1
+        self.num_assigned[q] -= 1
+        if self.num_assigned[q] == 0:
+            self._unsampled.appendleft(q)
+        self._clear(q, _PENDING)
+
+    def _dispatch(self, q: int) -> None:
+        self.num_dispatched += 1
+        self._num_pending += 1
+        self.num_assigned[q] += 1
+        self._set(q, _PENDING)
+        if self.cap is not None:
+            self._apply_cap(q)
+
+    def _apply_cap(self, q: int) -> None:
+        # Paper, section 4: questions holding more than cap x the mean are skipped.
+        limit = self.cap * self.num_dispatched / self.num_questions  # type: ignore[operator]
+        if self.num_assigned[q] > limit and not self._flags[q] & _CAPPED:
+            heapq.heappush(self._capped, (self.num_assigned[q], q))
+            self._set(q, _CAPPED)
+        while self._capped and self._capped[0][0] <= limit:
+            _, released = heapq.heappop(self._capped)
+            self._clear(released, _CAPPED)
+
+    def _set(self, q: int, flag: int) -> None:
+        before = self._flags[q]
+        self._flags[q] = before | flag
+        if before == 0:
+            self._on_selectable(q, False)
+
+    def _clear(self, q: int, flag: int) -> None:
+        before = self._flags[q]
+        after = before & ~flag
+        self._flags[q] = after
+        if before != 0 and after == 0:
+            self._on_selectable(q, True)
+
+    def _finish(self, q: int) -> None:
+        """Marks ``q`` as needing no more samples (policy-specific stop)."""
+        self._set(q, _FINISHED)
+
+    @abstractmethod
+    def _choose(self, k: int) -> list[int]:
+        """Up to ``k`` distinct selectable questions, best first (not yet dispatched)."""
+
+    @abstractmethod
+    def _has_selectable(self) -> bool:
+        """Whether any question can receive a sample now."""
+
+    def _on_selectable(self, q: int, selectable: bool) -> None:
+        """Hook: ``q`` became selectable (True) or stopped being selectable."""
+
+    def _on_vote(self, q: int, key: Hashable | None) -> None:
+        """Hook: one sample of ``q`` was observed."""

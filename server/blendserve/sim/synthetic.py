@@ -1,0 +1,76 @@
+"""Synthetic question sets: the paper's D1 and D2, and an LLM-like mixture."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from blendserve.sim.data import Dataset
+
+__all__ = ["FAMILIES", "synthetic"]
+
+#: Tail answers per question at most; rarer draws of (p1, p2) are redrawn.
+_MAX_TAIL = 200
+
+
+def _with_tail(p1: float, p2: float) -> NDArray[np.float64]:
+    """``[p1, p2, tail...]`` where the rest ``1 - p1 - p2`` is split into answers <= p2."""
+    rest = max(0.0, 1.0 - p1 - p2)
+    pieces = math.ceil(rest / p2 - 1e-12) if rest > 1e-12 else 0
+    tail = [rest / pieces] * pieces if pieces else []
+    return np.array([p1, p2, *tail])
+
+
+def _top_two(rng: np.random.Generator, power: float) -> tuple[float, float]:
+    """(p1, p2) uniform on ``{0 <= p2 <= p1, p1 + p2 <= 1}``, reweighted by ``(p1+p2)^power``."""
+    while True:
+        p1, p2, u = rng.random(3)
+        if p2 >= p1 or p1 + p2 > 1.0 or u > (p1 + p2) ** power:
+            continue
+        if p2 > 0 and (1.0 - p1 - p2) / p2 <= _MAX_TAIL:
+            return float(p1), float(p2)
+
+
+def _llm_like(rng: np.random.Generator) -> NDArray[np.float64]:
+    """Mostly easy questions, some moderate, a few contested (margins like GPT-3.5 CoT)."""
+    kind = rng.random()
+    if kind < 0.75:  # easy: a dominant answer and a few stray ones
+        p1 = rng.uniform(0.8, 1.0)
+        stray = rng.dirichlet(np.ones(int(rng.integers(1, 4)))) * (1.0 - p1)
+        return np.array([p1, *stray])
+    if kind < 0.92:  # moderate: a clear favourite
+        p1 = rng.uniform(0.5, 0.8)
+        return _with_tail(p1, rng.uniform(0.3, 0.8) * (1.0 - p1))
+    p1 = rng.uniform(0.35, 0.6)  # contested: two strong candidates
+    return _with_tail(p1, rng.uniform(0.5, 0.95) * min(p1, 1.0 - p1))
+
+
+def synthetic(family: str, num_questions: int = 1000, seed: int = 0) -> Dataset:
+    """Draws ``num_questions`` answer distributions of one family.
+
+    Families: ``d1`` (top-two probabilities uniform on the simplex corner,
+    paper section 3), ``d2`` (D1 weighted by ``(p1 + p2)^2``), ``llm`` (an
+    LLM-like mixture: 75% easy, 17% moderate, 8% contested, with margins
+    spread like those of GPT-3.5 chain-of-thought on last-letter concatenation).
+
+    Raises:
+        ValueError: unknown family or a non-positive size.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown synthetic family {family!r} (known: {', '.join(FAMILIES)})")
+    if num_questions < 1:
+        raise ValueError("a synthetic set needs at least one question")
+    rng = np.random.default_rng(seed)
+    probs: list[NDArray[np.float64]] = []
+    for _ in range(num_questions):
+        if family == "llm":
+            probs.append(_llm_like(rng))
+        else:
+            probs.append(_with_tail(*_top_two(rng, FAMILIES[family])))
+    return Dataset.from_probs(family, probs)
+
+
+#: Family name -> weight exponent n of (p1 + p2)^n (unused by "llm").
+FAMILIES: dict[str, float] = {"d1": 0.0, "d2": 2.0, "llm": 0.0}
