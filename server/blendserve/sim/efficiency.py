@@ -12,6 +12,7 @@ depend on ``t / T``, so it is run at each budget its search needs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +32,10 @@ __all__ = ["Curve", "MethodResult", "TargetResult", "sample_efficiency", "sc_sca
 _SEARCH_TOLERANCE = 0.02
 
 _dataset: Dataset | None = None
+_Map = Callable[
+    [Callable[[tuple[str, int, int, int]], NDArray[np.int32]], list[tuple[str, int, int, int]]],
+    Iterator[NDArray[np.int32]],
+]
 
 
 def _init_worker(dataset: Dataset) -> None:
@@ -87,13 +92,12 @@ class TargetResult:
 class _Runner:
     """Runs repetitions inline or on a process pool."""
 
-    def __init__(
-        self, dataset: Dataset, reps: int, seed: int, batch: int, map_fn: Callable
-    ) -> None:  # type: ignore[type-arg]
+    def __init__(self, dataset: Dataset, reps: int, seed: int, batch: int, map_fn: _Map) -> None:
         self.dataset = dataset
         self.seeds = [seed + r for r in range(reps)]
         self.batch = batch
         self._map = map_fn
+        self._final_errors: dict[tuple[str, int], float] = {}
 
     def runs(self, label: str, budget: int) -> list[NDArray[np.int32]]:
         tasks = [(label, budget, s, self.batch) for s in self.seeds]
@@ -112,9 +116,13 @@ class _Runner:
         return Curve(np.arange(1, length + 1) * step / n, padded.mean(axis=0) / n)
 
     def final_error(self, label: str, budget: int) -> float:
-        """Mean reducible error at the end of runs with this budget."""
-        runs = self.runs(label, budget)
-        return float(np.mean([r[-1] for r in runs])) / self.dataset.num_questions
+        """Mean reducible error at the end of runs with this budget (memoised)."""
+        key = (label, budget)
+        if key not in self._final_errors:
+            runs = self.runs(label, budget)
+            wrong = sum(int(r[-1]) for r in runs) / len(runs)
+            self._final_errors[key] = wrong / self.dataset.num_questions
+        return self._final_errors[key]
 
 
 @contextmanager
@@ -212,13 +220,7 @@ def sample_efficiency(
             guesses = [s for c in fixed.values() if (s := _first_crossing(c, bar, x)) is not None]
             for label, spec in specs.items():
                 if spec.name == "blend":
-                    cache: dict[int, float] = {}
-
-                    def error_at(budget: int, label: str = label, cache: dict = cache) -> float:  # type: ignore[type-arg]
-                        if budget not in cache:
-                            cache[budget] = runner.final_error(label, budget)
-                        return cache[budget]
-
+                    error_at = functools.partial(runner.final_error, label)
                     guess = min(guesses, default=x / 2)
                     found = _search_budget(error_at, bar, n, x * n, guess)
                     samples = None if found is None else found / n
@@ -256,5 +258,5 @@ def sc_scaling_exponent(curve: Curve) -> float:
     keep = curve.errors > 0
     if keep.sum() < 2:
         return math.nan
-    slope, _ = np.polyfit(np.log(curve.samples[keep]), np.log(curve.errors[keep]), 1)
-    return float(slope)
+    fit = np.polyfit(np.log(curve.samples[keep]), np.log(curve.errors[keep]), 1)
+    return float(fit[0])

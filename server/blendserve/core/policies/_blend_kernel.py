@@ -17,13 +17,22 @@ def move_one(
     new: int,
     created: bool,
     num_questions: int,
-) -> None:
+    new_asc: float,
+    new_ppr: float,
+) -> bool:
     """Moves one question from slot ``old`` to ``new`` and updates every slot's ranks.
 
     ``rank2[r, s]`` is the sum over questions t of ``1 + sign(u_t - u_s)`` for
     score row r (0: ASC, 1: PPR-1v1), i.e. twice the average rank plus one.
-    A new slot's ranks are computed from scratch first.
+    A ``created`` slot gets the log uncertainties ``new_asc``, ``new_ppr`` and
+    its ranks from scratch first.
+
+    Returns:
+        Whether slot ``old`` is now empty.
     """
+    if created:
+        log_u[0, new] = new_asc
+        log_u[1, new] = new_ppr
     for r in range(2):
         u_new = log_u[r, new]
         u_old = log_u[r, old]
@@ -37,6 +46,7 @@ def move_one(
             rank2[r, s] += np.sign(u_new - u) - np.sign(u_old - u)
     count[old] -= 1.0
     count[new] += 1.0
+    return bool(count[old] == 0.0)
 
 
 @njit(cache=True, nogil=True)

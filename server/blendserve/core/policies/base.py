@@ -64,6 +64,7 @@ class AllocationPolicy(ABC):
             raise ValueError(f"cap must exceed 1 (a multiple of the mean), got {cap}")
         self.cap = cap
         self.votes = VoteState(num_questions)
+        self._num_questions = num_questions
         self.budget = budget
         self.num_dispatched = 0
         self.settle_log_delta = math.log(settle_delta) if settle_delta > 0 else -math.inf
@@ -110,7 +111,7 @@ class AllocationPolicy(ABC):
             Question indices, best first; fewer than ``k`` (possibly none) when
             the budget or the selectable questions run out.
         """
-        k = min(k, self.num_remaining)
+        k = min(k, self.budget - self.num_dispatched)
         chosen: list[int] = []
         while len(chosen) < k and self._unsampled:
             q = self._unsampled.popleft()
@@ -118,9 +119,10 @@ class AllocationPolicy(ABC):
                 chosen.append(q)
                 self._dispatch(q)
         if len(chosen) < k:
-            for q in self._choose(k - len(chosen)):
-                chosen.append(q)
+            picked = self._choose(k - len(chosen))
+            for q in picked:
                 self._dispatch(q)
+            chosen += picked
         return chosen
 
     def observe(self, q: int, key: Hashable | None) -> None:
@@ -133,8 +135,8 @@ class AllocationPolicy(ABC):
         self.votes.add(q, key)
         self._on_vote(q, key)
         if (
-            not self._settled[q]
-            and self.settle_log_delta > -math.inf
+            self.settle_log_delta > -math.inf
+            and not self._settled[q]
             and self.votes.n1[q] > 0
             and ppr_log_uncertainty(*self.votes.state(q)) <= self.settle_log_delta
         ):
@@ -157,17 +159,13 @@ class AllocationPolicy(ABC):
         self.num_assigned[q] += 1
         self._set(q, _PENDING)
         if self.cap is not None:
-            self._apply_cap(q)
-
-    def _apply_cap(self, q: int) -> None:
-        # Paper, section 4: questions holding more than cap x the mean are skipped.
-        limit = self.cap * self.num_dispatched / self.num_questions  # type: ignore[operator]
-        if self.num_assigned[q] > limit and not self._flags[q] & _CAPPED:
-            heapq.heappush(self._capped, (self.num_assigned[q], q))
-            self._set(q, _CAPPED)
-        while self._capped and self._capped[0][0] <= limit:
-            _, released = heapq.heappop(self._capped)
-            self._clear(released, _CAPPED)
+            # Paper, section 4: questions holding more than cap x the mean are skipped.
+            limit = self.cap * self.num_dispatched / self._num_questions
+            if self.num_assigned[q] > limit and not self._flags[q] & _CAPPED:
+                heapq.heappush(self._capped, (self.num_assigned[q], q))
+                self._set(q, _CAPPED)
+            while self._capped and self._capped[0][0] <= limit:
+                self._clear(heapq.heappop(self._capped)[1], _CAPPED)
 
     def _set(self, q: int, flag: int) -> None:
         before = self._flags[q]

@@ -65,7 +65,8 @@ class BlendPolicy(AllocationPolicy):
         self._free_slots: list[int] = []
         self._slot_of = [0] * num_questions
         self._member_pos = list(range(num_questions))
-        start = self._new_slot((0, 0, 1), (0, 0, 0))
+        start = self._new_slot((0, 0, 1))
+        self._log_u[:, start] = asc_log_uncertainty(0, 0), ppr_log_uncertainty(0, 0, 0)
         self._count[start] = num_questions
         self._rank2[:, start] = num_questions
         self._members[start] = list(range(num_questions))
@@ -80,10 +81,11 @@ class BlendPolicy(AllocationPolicy):
         n = self._num_slots
         w = self.weight()
         per_slot = (1.0 - w) * self._rank2[0, :n] + w * self._rank2[1, :n]
-        return (per_slot[np.asarray(self._slot_of)] - 1.0) / 2.0
+        scores: NDArray[np.float64] = (per_slot[np.asarray(self._slot_of)] - 1.0) / 2.0
+        return scores
 
-    def _new_slot(self, key: _SlotKey, state: tuple[int, int, int]) -> int:
-        """A slot for ``key`` with its uncertainties set; ranks are set by ``move_one``."""
+    def _new_slot(self, key: _SlotKey) -> int:
+        """A slot for ``key``, recycled if one is free; ``move_one`` fills it."""
         if self._free_slots:
             slot = self._free_slots.pop()
             self._slot_keys[slot] = key
@@ -95,8 +97,6 @@ class BlendPolicy(AllocationPolicy):
             self._members.append([])
             self._slot_keys.append(key)
         self._slot_ids[key] = slot
-        self._log_u[0, slot] = asc_log_uncertainty(state[0], state[1])
-        self._log_u[1, slot] = ppr_log_uncertainty(*state)
         return slot
 
     def _grow(self) -> None:
@@ -111,45 +111,38 @@ class BlendPolicy(AllocationPolicy):
         if key is None:
             return
         votes = self.votes
-        state = (votes.n1[q], votes.n2[q], votes.num_distinct[q])
-        slot_key = (state[0], state[1], max(2, state[2]) - 1)
+        n1, n2, num_distinct = votes.n1[q], votes.n2[q], votes.num_distinct[q]
+        slot_key = (n1, n2, num_distinct - 1 if num_distinct > 2 else 1)
         new = self._slot_ids.get(slot_key)
         created = new is None
         if new is None:
-            new = self._new_slot(slot_key, state)
+            new = self._new_slot(slot_key)
         old = self._slot_of[q]
         if new == old:
             return
         is_member = self._member_pos[q] >= 0
         if is_member:
-            self._remove_member(q)
-        move_one(
+            self._on_selectable(q, False)
+        emptied = move_one(
             self._log_u, self._rank2, self._count, self._num_slots, old, new, created,
-            self.num_questions,
+            self._num_questions, asc_log_uncertainty(n1, n2),
+            ppr_log_uncertainty(n1, n2, num_distinct),
         )  # fmt: skip
-        if self._count[old] == 0:
+        if emptied:
             del self._slot_ids[self._slot_keys[old]]
             self._free_slots.append(old)
         self._slot_of[q] = new
         if is_member:
-            self._add_member(q)
+            self._on_selectable(q, True)
 
     def _on_selectable(self, q: int, selectable: bool) -> None:
+        slot = self._slot_of[q]
+        members = self._members[slot]
         if selectable:
-            self._add_member(q)
-        else:
-            self._remove_member(q)
-
-    def _add_member(self, q: int) -> None:
-        slot = self._slot_of[q]
-        members = self._members[slot]
-        self._member_pos[q] = len(members)
-        members.append(q)
-        self._blocked[slot] = False
-
-    def _remove_member(self, q: int) -> None:
-        slot = self._slot_of[q]
-        members = self._members[slot]
+            self._member_pos[q] = len(members)
+            members.append(q)
+            self._blocked[slot] = False
+            return
         pos = self._member_pos[q]
         last = members.pop()
         if last != q:
@@ -164,9 +157,8 @@ class BlendPolicy(AllocationPolicy):
 
     def _choose(self, k: int) -> list[int]:
         if k == 1:
-            num_tied = best_slots(
-                self._rank2, self._blocked, self._num_slots, self.weight(), self._tied
-            )
+            w = self.num_dispatched / self.budget
+            num_tied = best_slots(self._rank2, self._blocked, self._num_slots, w, self._tied)
             if num_tied == 0:
                 return []
             slot = int(self._tied[0]) if num_tied == 1 else self._random_slot(num_tied)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ POLICIES: dict[str, type[AllocationPolicy]] = {
     cls.name: cls for cls in (SCPolicy, ESCPolicy, ASCPolicy, PPRPolicy, BlendPolicy, OraclePolicy)
 }
 # option -> parser; "none" turns the cap off.
-_OPTIONS = {
+_OPTIONS: dict[str, Callable[[str], Any]] = {
     "cap": lambda text: None if text.lower() == "none" else float(text),
     "window": int,
     "settle_delta": float,
@@ -56,7 +57,9 @@ class PolicySpec:
         for item in filter(None, rest.split(",")):
             key, sep, value = item.partition("=")
             if not sep or key not in _OPTIONS:
-                raise ValueError(f"bad option {item!r} in policy {text!r} (use cap=, window=)")
+                raise ValueError(
+                    f"bad option {item!r} in policy {text!r} (known: cap=, window=, settle_delta=)"
+                )
             if key == "window" and name != "esc":
                 raise ValueError(f"option window applies to esc only, not {name!r}")
             try:
