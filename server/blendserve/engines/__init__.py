@@ -1,0 +1,5 @@
+"""Engines: one interface over OpenAI-compatible upstreams, vLLM in-process and replay."""
+
+from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, SamplingParams
+
+__all__ = ["Engine", "EngineHealth", "GenerateRequest", "Sample", "SamplingParams"]

@@ -1,0 +1,131 @@
+"""The engine contract: where samples come from, whatever serves them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Engine", "EngineHealth", "GenerateRequest", "Sample", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of one request; ``None`` leaves the engine's default.
+
+    Attributes:
+        temperature, top_p, top_k, min_p, max_tokens, stop, seed: as in the
+            OpenAI and vLLM APIs.
+        extra: passed through to the upstream unchanged (for example
+            ``chat_template_kwargs`` or ``repetition_penalty``).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """``n`` samples for one prompt.
+
+    Exactly one of ``prompt`` (completions mode) and ``messages`` (chat mode)
+    is set.
+
+    Attributes:
+        prompt: plain-text prompt.
+        messages: chat messages (``{"role": ..., "content": ...}``).
+        n: samples wanted.
+        params: sampling parameters.
+        model: upstream model name (None: the engine's default).
+        question_id: the question's id: replica affinity, replay lookup.
+        answer_kind: answer format the caller will extract (a hint for the
+            replay engine; real engines ignore it).
+        timeout: seconds for the whole call (None: the engine's default).
+    """
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    n: int = 1
+    params: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None
+    question_id: str | None = None
+    answer_kind: str = "auto"
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a request needs exactly one of prompt and messages")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion.
+
+    Attributes:
+        text: the completion text.
+        finish_reason: ``stop``, ``length``, ... as reported upstream.
+        prompt_tokens: prompt tokens of the request that produced it.
+        completion_tokens: tokens of this completion.
+        upstream: which upstream (URL or engine name) served it.
+    """
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    upstream: str
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """Whether an engine can serve, and per upstream detail.
+
+    Attributes:
+        healthy: at least one upstream can take requests.
+        upstreams: upstream name -> healthy.
+    """
+
+    healthy: bool
+    upstreams: Mapping[str, bool] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """Produces samples. Cancelling ``generate`` cancels the work upstream.
+
+    Implementations must be safe to call concurrently from one event loop,
+    never count a sample twice, and raise only :class:`~blendserve.errors.EngineError`
+    subclasses for upstream failures.
+    """
+
+    #: Short name for logs and metrics.
+    name: str = ""
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        """Returns exactly ``request.n`` samples, or raises an ``EngineError``.
+
+        Raises:
+            EngineTimeout: the deadline passed.
+            EngineUnavailable: no upstream could serve.
+            EngineProtocolError: an upstream answered unusably.
+        """
+
+    @abstractmethod
+    async def health(self) -> EngineHealth:
+        """Current health, without waiting on a slow upstream for long."""
+
+    async def models(self) -> list[str]:
+        """Model names the engine serves."""
+        return []
+
+    async def aclose(self) -> None:
+        """Releases connections, processes and engine state."""

@@ -1,0 +1,62 @@
+"""The exception tree of blendserve.
+
+    BlendserveError
+    ├── EngineError                 an engine could not produce samples
+    │   ├── EngineTimeout           the deadline passed
+    │   ├── EngineUnavailable       no upstream could be reached (or all are unhealthy)
+    │   └── EngineProtocolError     an upstream answered something we cannot use
+    ├── SchedulerError              a job could not run to completion
+    └── RequestValidationError      bad input from a caller (also a ValueError), with ``param``
+
+Engines wrap httpx and vLLM errors at their seam (``raise ... from exc``);
+only the service layer maps these to HTTP status codes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlendserveError",
+    "EngineError",
+    "EngineProtocolError",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "RequestValidationError",
+    "SchedulerError",
+]
+
+
+class BlendserveError(Exception):
+    """Root of every error blendserve raises on purpose."""
+
+
+class EngineError(BlendserveError):
+    """An engine could not produce the requested samples."""
+
+
+class EngineTimeout(EngineError):
+    """An engine call ran past its deadline."""
+
+
+class EngineUnavailable(EngineError):
+    """No upstream could be reached, or every upstream is marked unhealthy."""
+
+
+class EngineProtocolError(EngineError):
+    """An upstream answered with something that is not a usable completion."""
+
+
+class SchedulerError(BlendserveError):
+    """A job could not run to completion."""
+
+
+class RequestValidationError(BlendserveError, ValueError):
+    """Bad caller input; ``param`` names the offending field.
+
+    Args:
+        message: what is wrong, for the caller.
+        param: dotted name of the offending field, if known.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
