@@ -104,7 +104,7 @@ def _plot(path: Path, curves: dict[str, Curve], rows: list[TargetResult], title:
         raise ValueError("--plot needs matplotlib: pip install 'blendserve[plot]'") from None
     fig, ax = plt.subplots(figsize=(7, 5))
     for label, curve in curves.items():
-        keep = curve.errors > 0
+        keep = (curve.errors > 0) & (curve.samples >= 1)  # after every question's first sample
         ax.plot(curve.samples[keep], curve.errors[keep], label=label, marker="." if
                 len(curve.samples) < 50 else None)  # fmt: skip
     for row in rows:
