@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from blendserve import __version__
+from blendserve.service import command as serve_command
 from blendserve.sim import command as simulate_command
 
 __all__ = ["main"]
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blendserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"blendserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
+    serve_command.add_parser(subparsers)
     simulate_command.add_parser(subparsers)
     return parser
 

@@ -128,3 +128,24 @@ def test_policy_spec_parses(text: str, name: str, options: dict[str, object]) ->
 def test_policy_spec_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PolicySpec.parse(text)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_extend_adds_samples_to_a_question_in_flight(name: str) -> None:
+    policy = _build(name, 2, 7)
+    assert sorted(policy.select(2)) == [0, 1]
+    assert policy.extend(0, 3) == 3
+    assert policy.extend(1, 9) == 2  # the budget runs out
+    assert policy.num_dispatched == 7 and policy.num_pending_of == [4, 3]
+    for _ in range(3):
+        policy.observe(0, "a")
+    assert policy.select(1) == []  # q0 still has a sample in flight
+    policy.cancel(0)
+    assert policy.num_remaining == 1
+    assert policy.select(2) == [0]
+
+
+def test_extend_needs_a_sample_in_flight() -> None:
+    policy = SCPolicy(2, 4)
+    with pytest.raises(ValueError, match="no sample in flight"):
+        policy.extend(0, 1)

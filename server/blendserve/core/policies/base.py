@@ -25,9 +25,10 @@ class AllocationPolicy(ABC):
 
     Protocol: ``select(k)`` returns up to ``k`` distinct question indices and
     counts one dispatched sample for each (the budget is charged at dispatch
-    and never exceeded); each dispatched sample is later either recorded with
+    and never exceeded); ``extend(q, k)`` adds samples to a question already
+    in flight; each dispatched sample is later either recorded with
     ``observe(q, key)`` or refunded with ``cancel(q)``. A question with a
-    sample in flight is not selected again until it completes.
+    sample in flight is not selected again until they all complete.
 
     Every question first gets one sample, in index order. A question whose
     PPR-1v1 uncertainty falls to ``settle_delta`` is settled: it gets no more
@@ -74,6 +75,8 @@ class AllocationPolicy(ABC):
         self._flags = [0] * num_questions
         self._settled = [False] * num_questions
         self._num_pending = 0
+        # question index -> samples in flight
+        self.num_pending_of: list[int] = [0] * num_questions
         self._unsampled: deque[int] = deque(range(num_questions))
         self._capped: list[tuple[int, int]] = []  # heap of (samples assigned, question)
 
@@ -132,6 +135,7 @@ class AllocationPolicy(ABC):
         does not vote.
         """
         self._num_pending -= 1
+        self.num_pending_of[q] -= 1
         self.votes.add(q, key)
         self._on_vote(q, key)
         if (
@@ -142,20 +146,42 @@ class AllocationPolicy(ABC):
         ):
             self._settled[q] = True
             self._set(q, _FINISHED)
-        self._clear(q, _PENDING)
+        if self.num_pending_of[q] == 0:
+            self._clear(q, _PENDING)
 
     def cancel(self, q: int) -> None:
         """Refunds a dispatched sample of ``q`` that produced nothing."""
         self._num_pending -= 1
+        self.num_pending_of[q] -= 1
         self.num_dispatched -= 1
         self.num_assigned[q] -= 1
         if self.num_assigned[q] == 0:
             self._unsampled.appendleft(q)
-        self._clear(q, _PENDING)
+        if self.num_pending_of[q] == 0:
+            self._clear(q, _PENDING)
+
+    def extend(self, q: int, k: int) -> int:
+        """Dispatches up to ``k`` more samples of ``q``, which already has one in flight.
+
+        For a scheduler with more free slots than selectable questions: the
+        extra samples go out in the same engine request (``n > 1``). Each is
+        observed or cancelled on its own.
+
+        Returns:
+            How many were granted (the budget, the cap and settling permitting).
+        """
+        if self.num_pending_of[q] == 0:
+            raise ValueError(f"question {q} has no sample in flight to extend")
+        granted = 0
+        while granted < k and self.num_dispatched < self.budget and not self._flags[q] & ~_PENDING:
+            self._dispatch(q)
+            granted += 1
+        return granted
 
     def _dispatch(self, q: int) -> None:
         self.num_dispatched += 1
         self._num_pending += 1
+        self.num_pending_of[q] += 1
         self.num_assigned[q] += 1
         self._set(q, _PENDING)
         if self.cap is not None:

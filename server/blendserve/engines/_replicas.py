@@ -1,0 +1,149 @@
+"""Replica set of an OpenAI-compatible engine: balancing, affinity and health.
+
+The state here is plain bookkeeping mutated from one event loop; it does no
+I/O. The engine probes unhealthy replicas and reports results back.
+
+Choice rule (:meth:`ReplicaSet.pick`): among healthy replicas (those not yet
+tried by this call when there are any), let ``least`` be the smallest number
+of outstanding sequences. Without a key, the least-loaded replica is chosen,
+ties rotating. With a key (a question id), replicas are ranked by rendezvous
+hashing of ``(key, url)`` and the first one whose load is at most
+``least + max(affinity_slack, least // 4)`` is chosen: the key's home replica
+unless it is clearly busier than the least-loaded one, then its next replica
+in rendezvous order. Outstanding load counts sequences (an ``n=8`` request
+weighs 8), as that is what loads a vLLM replica.
+
+Health rule: ``failure_threshold`` consecutive failures (connection errors,
+5xx) take a replica out; any success, or a successful probe, brings it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Replica", "ReplicaSet"]
+
+
+@dataclass(eq=False)
+class Replica:
+    """One upstream base URL and what is known about it.
+
+    Attributes:
+        url: normalised base URL (ends in ``/v1``).
+        outstanding: sequences in flight on it.
+        failures: consecutive failures since the last success.
+        healthy: whether it takes requests.
+        n_honoured: whether it returned ``n`` choices when asked for ``n``
+            (None: not known yet).
+    """
+
+    url: str
+    outstanding: int = 0
+    failures: int = 0
+    healthy: bool = True
+    n_honoured: bool | None = None
+
+
+def _rendezvous_score(key: str, url: str) -> int:
+    digest = hashlib.blake2b(f"{url}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+class ReplicaSet:
+    """Data-parallel replicas with least-outstanding balancing and key affinity.
+
+    Args:
+        urls: normalised, distinct base URLs.
+        failure_threshold: consecutive failures that take a replica out.
+        affinity_slack: extra outstanding sequences a key's home replica may
+            carry over the least-loaded one and still be chosen.
+    """
+
+    def __init__(
+        self, urls: Sequence[str], *, failure_threshold: int = 3, affinity_slack: int = 4
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"duplicate upstream URLs: {list(urls)}")
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be at least 1, got {failure_threshold}")
+        if affinity_slack < 0:
+            raise ValueError(f"affinity_slack must be >= 0, got {affinity_slack}")
+        self.replicas: tuple[Replica, ...] = tuple(Replica(url) for url in urls)
+        self._threshold = failure_threshold
+        self._slack = affinity_slack
+        self._turn = 0
+
+    def pick(self, key: str | None = None, avoid: Collection[Replica] = ()) -> Replica | None:
+        """The replica the next request should go to, without taking it.
+
+        Args:
+            key: affinity key (the question id), or None.
+            avoid: replicas already tried by this call; used only when some
+                healthy replica is not in it.
+
+        Returns:
+            The chosen replica, or None when no replica is healthy.
+        """
+        healthy = [r for r in self.replicas if r.healthy]
+        candidates = [r for r in healthy if r not in avoid] if avoid else healthy
+        if not candidates:
+            candidates = healthy
+            if not candidates:
+                return None
+        if len(candidates) == 1:
+            return candidates[0]
+        least = min(r.outstanding for r in candidates)
+        if key is None:
+            ties = [r for r in candidates if r.outstanding == least]
+            self._turn += 1
+            return ties[self._turn % len(ties)]
+        limit = least + max(self._slack, least // 4)
+        ranked = sorted(candidates, key=lambda r: _rendezvous_score(key, r.url), reverse=True)
+        # The least-loaded replica is always within the limit, so this returns.
+        return next(r for r in ranked if r.outstanding <= limit)
+
+    def acquire(
+        self, key: str | None = None, weight: int = 1, avoid: Collection[Replica] = ()
+    ) -> Replica | None:
+        """Picks a replica and charges ``weight`` outstanding sequences to it.
+
+        Every successful acquire must be matched by one :meth:`release` with
+        the same weight (in a ``finally`` block).
+        """
+        replica = self.pick(key, avoid)
+        if replica is not None:
+            replica.outstanding += weight
+        return replica
+
+    def release(self, replica: Replica, weight: int = 1) -> None:
+        """Returns ``weight`` outstanding sequences charged by :meth:`acquire`."""
+        replica.outstanding -= weight
+
+    def record_success(self, replica: Replica) -> None:
+        """The replica answered: it is healthy and its failure streak ends."""
+        replica.failures = 0
+        replica.healthy = True
+
+    def record_failure(self, replica: Replica) -> bool:
+        """Counts a failure; returns True when this one took the replica out."""
+        replica.failures += 1
+        if replica.healthy and replica.failures >= self._threshold:
+            replica.healthy = False
+            return True
+        return False
+
+    def unhealthy(self) -> list[Replica]:
+        """Replicas currently taken out."""
+        return [r for r in self.replicas if not r.healthy]
+
+    def has_untried(self, tried: Collection[Replica]) -> bool:
+        """Whether some healthy replica is not in ``tried``."""
+        return any(r.healthy and r not in tried for r in self.replicas)
+
+    def snapshot(self) -> dict[str, bool]:
+        """URL -> healthy, in configuration order."""
+        return {r.url: r.healthy for r in self.replicas}

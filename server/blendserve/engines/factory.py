@@ -1,0 +1,94 @@
+"""Builds the configured engine: an upstream, vLLM in-process, replay or the embedded default."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from blendserve.engines.base import Engine
+
+__all__ = ["EngineConfig", "EngineKind", "build_engine"]
+
+EngineKind = Literal["auto", "openai", "replay", "vllm", "embedded"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which engine to run and its settings.
+
+    With ``kind="auto"``: upstream URLs give the OpenAI-compatible engine,
+    recorded data gives the replay engine, a vLLM model gives vLLM
+    in-process, and nothing gives the embedded llama.cpp default.
+
+    Attributes:
+        kind: the engine, or ``auto``.
+        upstreams: OpenAI-compatible base URLs (data-parallel replicas).
+        model: model name sent upstream (None: the upstream's own).
+        api_key: bearer key for the upstreams.
+        timeout: seconds per upstream request.
+        data: recorded answers for the replay engine.
+        embedded_model: model of the embedded default.
+        model_cache_dir: where the embedded model file is assembled.
+        vllm_model: model for vLLM in-process.
+        vllm_args: further ``AsyncEngineArgs`` fields.
+    """
+
+    kind: EngineKind = "auto"
+    upstreams: tuple[str, ...] = ()
+    model: str | None = None
+    api_key: str | None = None
+    timeout: float = 600.0
+    data: Path | None = None
+    embedded_model: str = "qwen2.5-coder-0.5b"
+    model_cache_dir: Path | None = None
+    vllm_model: str | None = None
+    vllm_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolved_kind(self) -> EngineKind:
+        """The engine ``auto`` stands for, given the other settings."""
+        if self.kind != "auto":
+            return self.kind
+        if self.upstreams:
+            return "openai"
+        if self.data is not None:
+            return "replay"
+        if self.vllm_model is not None:
+            return "vllm"
+        return "embedded"
+
+
+async def build_engine(config: EngineConfig) -> Engine:
+    """Creates (and for the embedded default, starts) the engine of ``config``.
+
+    Raises:
+        ValueError: the settings do not fit the engine (e.g. replay without data).
+        EngineUnavailable: the engine cannot start (missing package or model).
+    """
+    kind = config.resolved_kind()
+    if kind == "openai":
+        if not config.upstreams:
+            raise ValueError("the openai engine needs at least one --upstream URL")
+        from blendserve.engines.openai import OpenAIEngine
+
+        return OpenAIEngine(
+            config.upstreams, model=config.model, api_key=config.api_key, timeout=config.timeout
+        )
+    if kind == "replay":
+        if config.data is None:
+            raise ValueError("the replay engine needs --data FILE.jsonl")
+        from blendserve.engines.replay import ReplayEngine
+
+        return ReplayEngine(config.data)
+    if kind == "vllm":
+        if config.vllm_model is None:
+            raise ValueError("the vllm engine needs --vllm-model NAME")
+        from blendserve.engines.vllm_inprocess import VLLMEngine
+
+        return VLLMEngine({"model": config.vllm_model, **config.vllm_args})
+    from blendserve.engines.embedded import create_embedded_engine
+
+    return await create_embedded_engine(
+        model=config.embedded_model, cache_dir=config.model_cache_dir, timeout=config.timeout
+    )

@@ -1,0 +1,48 @@
+"""The FastAPI application: engine built in the lifespan, routes, error handlers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from blendserve import __version__
+from blendserve.engines.base import Engine
+from blendserve.engines.factory import build_engine
+from blendserve.service.errors import install_error_handlers
+from blendserve.service.settings import Settings
+from blendserve.service.system.routes import router as system_router
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine_factory: Callable[[], Awaitable[Engine]] | None = None,
+) -> FastAPI:
+    """Builds the service.
+
+    Args:
+        settings: service settings (default: read from the environment).
+        engine_factory: builds the engine at startup (default: from ``settings``);
+            tests pass a ready engine this way.
+    """
+    settings = settings if settings is not None else Settings()
+    make_engine = engine_factory or (lambda: build_engine(settings.engine_config()))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = await make_engine()
+        app.state.engine = engine
+        app.state.settings = settings
+        try:
+            yield
+        finally:
+            await engine.aclose()
+
+    app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(system_router)
+    return app

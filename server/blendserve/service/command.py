@@ -1,0 +1,62 @@
+"""``blendserve serve``: run the service on one engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from blendserve.service.settings import Settings
+
+__all__ = ["add_parser", "run"]
+
+# flags that override the Settings field of the same name
+_FLAGS = (
+    "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
+    "log_level",
+)  # fmt: skip
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Registers the ``serve`` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the HTTP service",
+        description="Serves blendserve on one engine: --upstream URL (OpenAI-compatible, "
+        "repeatable), --engine replay --data FILE, --vllm-model NAME, or, with none of "
+        "these, the embedded llama.cpp default. Flags override BLENDSERVE_* variables.",
+    )
+    parser.add_argument("--engine", choices=["auto", "openai", "replay", "vllm", "embedded"])
+    parser.add_argument("--upstream", action="append", dest="upstreams", metavar="URL")
+    parser.add_argument("--model", help="model name sent upstream")
+    parser.add_argument("--data", type=Path, help="recorded answers for the replay engine")
+    parser.add_argument("--vllm-model", help="run this model with vLLM in-process")
+    parser.add_argument("--embedded-model", help="model of the embedded default")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--log-level")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Starts uvicorn; bad settings are one line on stderr and exit code 2."""
+    overrides: dict[str, Any] = {
+        name: value for name in _FLAGS if (value := getattr(args, name)) is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"blendserve serve: error: {first['loc'][0]}: {first['msg']}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from blendserve.service.app import create_app
+
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+    )
+    return 0

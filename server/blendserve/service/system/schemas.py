@@ -1,0 +1,33 @@
+"""Schemas of ``/health`` and ``/v1/models``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+__all__ = ["HealthResponse", "ModelCard", "ModelListResponse"]
+
+
+class HealthResponse(BaseModel):
+    """Service health: ``ok`` when the engine can serve."""
+
+    status: Literal["ok", "unavailable"]
+    engine: str
+    upstreams: dict[str, bool]
+
+
+class ModelCard(BaseModel):
+    """One model, as OpenAI's ``/v1/models`` lists it."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "blendserve"
+
+
+class ModelListResponse(BaseModel):
+    """OpenAI's model list."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
