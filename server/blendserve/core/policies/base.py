@@ -99,6 +99,10 @@ class AllocationPolicy(ABC):
         """Whether question ``q`` was settled by ``settle_delta``."""
         return self._settled[q]
 
+    def is_finished(self, q: int) -> bool:
+        """Whether ``q`` will get no more samples: settled, stopped, or out of budget."""
+        return bool(self._flags[q] & _FINISHED) or self.num_dispatched >= self.budget
+
     @property
     def done(self) -> bool:
         """No sample is in flight and none can be dispatched any more."""

@@ -1,0 +1,118 @@
+"""What a job reports: one answer per question, progress, and a summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = ["AnswerEvent", "Confidence", "DoneEvent", "Event", "JobStatus", "ProgressEvent", "Usage"]
+
+
+class JobStatus(IntEnum):
+    """Lifecycle of a job; everything from COMPLETED on is terminal."""
+
+    PENDING = 0
+    RUNNING = 1
+    COMPLETED = 2
+    FAILED = 3
+    CANCELLED = 4
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job has ended."""
+        return self >= JobStatus.COMPLETED
+
+
+@dataclass
+class Usage:
+    """Samples and tokens spent."""
+
+    samples: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        """Adds ``other`` into this."""
+        self.samples += other.samples
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """How sure the vote is.
+
+    Attributes:
+        asc: ASC's ``P[p1 < p2]`` (0: certain, 0.5: a coin flip).
+        ppr: PPR-1v1's uncertainty (posterior density ratio; <= delta settles).
+        share: the winner's share of the votes cast.
+    """
+
+    asc: float
+    ppr: float
+    share: float
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    """The final answer of one question.
+
+    Attributes:
+        index: position of the question in the job.
+        id: the question's id.
+        answer: the winning extracted answer (None: no sample had one).
+        key: its canonical voting key.
+        votes: canonical key -> votes.
+        samples: samples spent on the question (abstentions included).
+        confidence: how sure the vote is.
+        settled_early: stopped by ``settle_delta`` before the budget ran out.
+        completion: one sampled completion whose answer is the winner.
+        usage: tokens spent on this question.
+        partial: the job failed before this question got all it would have.
+    """
+
+    index: int
+    id: str
+    answer: str | None
+    key: str | None
+    votes: dict[str, int]
+    samples: int
+    confidence: Confidence
+    settled_early: bool
+    completion: str | None
+    usage: Usage
+    partial: bool = False
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Where the job stands (sent a few times per second at most)."""
+
+    spent: int
+    completed: int
+    budget: int
+    answered: int
+    settled: int
+    questions: int
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The job's summary, always the last event."""
+
+    status: JobStatus
+    budget: int
+    spent: int
+    usage: Usage
+    duration_s: float
+    error: str | None = None
+    answered: int = 0
+    settled: int = 0
+
+    @property
+    def unspent(self) -> int:
+        """Budget left over (settling ends jobs early)."""
+        return self.budget - self.spent
+
+
+Event = AnswerEvent | ProgressEvent | DoneEvent

@@ -1,0 +1,269 @@
+"""One Blend-ASC job: questions and a budget in, one voted answer per question out.
+
+The job keeps ``concurrency`` samples in flight while budget and unsettled
+questions remain, feeds every completion to the same policy object the
+simulator uses, and emits each question's answer as soon as it is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from blendserve.core.policies import AllocationPolicy, PolicySpec
+from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.errors import EngineError
+from blendserve.scheduler.events import (
+    AnswerEvent,
+    Confidence,
+    DoneEvent,
+    Event,
+    JobStatus,
+    ProgressEvent,
+    Usage,
+)
+
+__all__ = ["Job", "JobSpec", "Keyer", "Question"]
+
+#: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
+Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: a plain prompt or chat messages."""
+
+    id: str
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a job needs besides the engine.
+
+    Attributes:
+        questions: the batch.
+        budget: total samples, at least one per question.
+        policy: allocation policy (Blend-ASC by default).
+        sampling: sampling parameters of every request.
+        model: upstream model name.
+        answer_kind: answer format passed to the engine (a replay hint).
+        settle_delta: PPR-1v1 error at which a question stops (0: never).
+        concurrency: samples kept in flight.
+        max_samples_per_request: largest ``n`` of one engine request.
+        seed: seeds the policy's tie-break.
+        request_timeout: seconds per engine request (None: the engine's default).
+        max_consecutive_failures: engine failures in a row that end the job.
+        progress_interval: seconds between progress events, at least.
+    """
+
+    questions: Sequence[Question]
+    budget: int
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec("blend"))
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None
+    answer_kind: str = "auto"
+    settle_delta: float = 0.0
+    concurrency: int = 64
+    max_samples_per_request: int = 16
+    seed: int = 0
+    request_timeout: float | None = None
+    max_consecutive_failures: int = 8
+    progress_interval: float = 0.25
+
+
+@dataclass
+class _QuestionState:
+    # canonical key -> first extracted answer and completion text with that key
+    answers: dict[str, str] = field(default_factory=dict)
+    completions: dict[str, str] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    answered: bool = False
+
+
+class Job:
+    """Runs one job; iterate :meth:`events` to drive it.
+
+    Closing the event iterator early (a client that went away) cancels every
+    in-flight engine request of the job.
+
+    Args:
+        spec: questions, budget and settings.
+        engine: where samples come from.
+        keyer: turns a completion into ``(answer, key)``.
+    """
+
+    def __init__(self, spec: JobSpec, engine: Engine, keyer: Keyer) -> None:
+        if not spec.questions:
+            raise ValueError("a job needs at least one question")
+        if spec.concurrency < 1 or spec.max_samples_per_request < 1:
+            raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        self.spec = spec
+        self.engine = engine
+        self.keyer = keyer
+        self.status = JobStatus.PENDING
+        self.policy: AllocationPolicy = spec.policy.build(
+            len(spec.questions), spec.budget, seed=spec.seed, settle_delta=spec.settle_delta
+        )
+        self._states = [_QuestionState() for _ in spec.questions]
+        self._usage = Usage()
+        self._num_answered = 0
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Runs the job, yielding answers as they settle, progress, and a final summary."""
+        self.status = JobStatus.RUNNING
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        last_progress = -math.inf
+        # task -> (question index, samples requested)
+        in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+        failures = 0
+        error: str | None = None
+        try:
+            while True:
+                if error is None:
+                    self._dispatch(in_flight)
+                if not in_flight:
+                    break
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    q, n = in_flight.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        failures = 0
+                        await self._record(q, task.result(), n)
+                    elif isinstance(exc, EngineError):
+                        failures += 1
+                        for _ in range(n):
+                            self.policy.cancel(q)
+                        if failures >= self.spec.max_consecutive_failures:
+                            error = f"engine failed {failures} times in a row: {exc}"
+                    else:
+                        raise exc
+                    if error is None:
+                        for event in self._final_answers():
+                            yield event
+                now = loop.time()
+                if now - last_progress >= self.spec.progress_interval:
+                    last_progress = now
+                    yield self._progress()
+            for event in self._final_answers(everything=True, partial=error is not None):
+                yield event
+            self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
+            yield DoneEvent(
+                status=self.status,
+                budget=self.spec.budget,
+                spent=self.policy.num_dispatched,
+                usage=self._usage,
+                duration_s=loop.time() - started,
+                error=error,
+                answered=self._num_answered,
+                settled=sum(map(self.policy.is_settled, range(len(self._states)))),
+            )
+        finally:
+            if in_flight:
+                if not self.status.finished:
+                    self.status = JobStatus.CANCELLED
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
+        """Fills the free slots: best questions first, extra samples if slots remain."""
+        free = self.spec.concurrency - self.policy.num_pending
+        chosen = self.policy.select(free) if free > 0 else []
+        sizes = dict.fromkeys(chosen, 1)
+        spare = free - len(chosen)
+        # Fewer selectable questions than free slots: a question takes several samples.
+        while spare > 0 and chosen:
+            grown = False
+            for q in chosen:
+                if spare == 0:
+                    break
+                if sizes[q] < self.spec.max_samples_per_request and self.policy.extend(q, 1):
+                    sizes[q] += 1
+                    spare -= 1
+                    grown = True
+            if not grown:
+                break
+        for q in chosen:
+            task = asyncio.ensure_future(self.engine.generate(self._request(q, sizes[q])))
+            in_flight[task] = (q, sizes[q])
+
+    def _request(self, q: int, n: int) -> GenerateRequest:
+        question = self.spec.questions[q]
+        return GenerateRequest(
+            prompt=question.prompt,
+            messages=question.messages,
+            n=n,
+            params=self.spec.sampling,
+            model=self.spec.model,
+            question_id=question.id,
+            answer_kind=self.spec.answer_kind,
+            timeout=self.spec.request_timeout,
+        )
+
+    async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
+        state = self._states[q]
+        for sample in samples[:requested]:
+            answer, key = await self.keyer(sample.text)
+            if key is not None and key not in state.answers:
+                state.answers[key] = answer if answer is not None else key
+                state.completions[key] = sample.text
+            state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            self._usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            self.policy.observe(q, key)
+        for _ in range(requested - min(requested, len(samples))):
+            self.policy.cancel(q)  # an engine that returned too few: refund, never lose
+
+    def _final_answers(self, everything: bool = False, partial: bool = False) -> list[AnswerEvent]:
+        events = []
+        policy = self.policy
+        for q, state in enumerate(self._states):
+            if state.answered or policy.num_pending_of[q]:
+                continue
+            if everything or policy.is_finished(q):
+                state.answered = True
+                self._num_answered += 1
+                events.append(self._answer(q, partial and not policy.is_settled(q)))
+        return events
+
+    def _answer(self, q: int, partial: bool) -> AnswerEvent:
+        votes = self.policy.votes
+        state = self._states[q]
+        n1, n2, num_distinct = votes.state(q)
+        key = votes.answer(q)
+        counts = {str(k): v for k, v in votes.counts[q].items()}
+        return AnswerEvent(
+            index=q,
+            id=self.spec.questions[q].id,
+            answer=state.answers.get(str(key)) if key is not None else None,
+            key=str(key) if key is not None else None,
+            votes=counts,
+            samples=votes.num_samples[q],
+            confidence=Confidence(
+                asc=math.exp(asc_log_uncertainty(n1, n2)),
+                ppr=math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct))),
+                share=n1 / sum(counts.values()) if counts else 0.0,
+            ),
+            settled_early=self.policy.is_settled(q),
+            completion=state.completions.get(str(key)) if key is not None else None,
+            usage=state.usage,
+            partial=partial,
+        )
+
+    def _progress(self) -> ProgressEvent:
+        policy = self.policy
+        return ProgressEvent(
+            spent=policy.num_dispatched,
+            completed=policy.num_dispatched - policy.num_pending,
+            budget=self.spec.budget,
+            answered=self._num_answered,
+            settled=sum(map(policy.is_settled, range(len(self._states)))),
+            questions=len(self._states),
+        )
