@@ -12,6 +12,7 @@ from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
 from blendserve.service.settings import Settings
+from blendserve.service.solve.routes import router as solve_router
 from blendserve.service.system.routes import router as system_router
 
 __all__ = ["create_app"]
@@ -45,4 +46,5 @@ def create_app(
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(system_router)
+    app.include_router(solve_router)
     return app

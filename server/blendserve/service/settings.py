@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
     vllm_model: str | None = None
+    default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
     log_level: str = "info"
 
     @field_validator("upstreams", mode="before")

@@ -1,0 +1,129 @@
+"""Runs ``/solve`` jobs and renders their events as JSON, SSE or NDJSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from blendserve.core.policies import PolicySpec
+from blendserve.engines.base import Engine
+from blendserve.scheduler import (
+    AnswerEvent,
+    DoneEvent,
+    Event,
+    Job,
+    JobSpec,
+    JobStatus,
+    Keyer,
+    ProgressEvent,
+    Question,
+)
+from blendserve.service.solve.schemas import (
+    AnswerOut,
+    BudgetOut,
+    ConfidenceOut,
+    SolveRequest,
+    SolveResponse,
+    UsageOut,
+)
+
+__all__ = ["build_job", "collect", "make_keyer", "ndjson_lines", "sse_frames"]
+
+_STATUS = {
+    JobStatus.COMPLETED: "completed",
+    JobStatus.FAILED: "failed",
+    JobStatus.CANCELLED: "cancelled",
+}
+
+
+def make_keyer(kind: str, pattern: str | None) -> Keyer:
+    """``text -> (answer, canonical key)`` for one answer format, off the event loop."""
+    from blendserve.answers import acanonical_key, extract
+
+    async def keyer(text: str) -> tuple[str | None, str | None]:
+        answer = extract(text, kind, pattern) if kind == "regex" else extract(text, kind)
+        if answer is None:
+            return None, None
+        return answer, await acanonical_key(answer, "math" if kind == "auto" else kind)
+
+    return keyer
+
+
+def build_job(request: SolveRequest, engine: Engine, default_concurrency: int) -> Job:
+    """The scheduler job for a validated request."""
+    questions = [
+        Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
+        for i, q in enumerate(request.questions)
+    ]
+    spec = JobSpec(
+        questions=questions,
+        budget=request.total_budget,
+        policy=PolicySpec.parse(request.policy),
+        sampling=request.sampling.to_sampling_params(),
+        model=request.model,
+        answer_kind=request.answer.kind,
+        settle_delta=request.settle_delta,
+        concurrency=request.concurrency or default_concurrency,
+    )
+    return Job(spec, engine, make_keyer(request.answer.kind, request.answer.pattern))
+
+
+def answer_out(event: AnswerEvent) -> AnswerOut:
+    """The response form of an answer event."""
+    return AnswerOut(
+        index=event.index,
+        id=event.id,
+        answer=event.answer,
+        votes=event.votes,
+        samples=event.samples,
+        confidence=ConfidenceOut(**asdict(event.confidence)),
+        settled_early=event.settled_early,
+        completion=event.completion,
+        usage=UsageOut(**asdict(event.usage)),
+        partial=event.partial,
+    )
+
+
+def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
+    return SolveResponse(
+        status=_STATUS.get(done.status, "cancelled"),
+        answers=sorted(answers, key=lambda a: a.index),
+        usage=UsageOut(**asdict(done.usage)),
+        budget=BudgetOut(total=done.budget, spent=done.spent, unspent=done.unspent),
+        duration_s=round(done.duration_s, 6),
+        error=done.error,
+    )
+
+
+async def collect(job: Job) -> SolveResponse:
+    """Runs the job to the end and returns every answer in question order."""
+    answers: list[AnswerOut] = []
+    async for event in job.events():
+        if isinstance(event, AnswerEvent):
+            answers.append(answer_out(event))
+        elif isinstance(event, DoneEvent):
+            return _summary(event, answers)
+    raise AssertionError("a job always ends with a done event")
+
+
+def _payload(event: Event) -> tuple[str, dict[str, object]]:
+    if isinstance(event, AnswerEvent):
+        return "answer", answer_out(event).model_dump()
+    if isinstance(event, ProgressEvent):
+        return "progress", asdict(event)
+    return "done", _summary(event, []).model_dump(exclude={"answers"})
+
+
+async def sse_frames(job: Job) -> AsyncIterator[str]:
+    """Server-sent events: ``answer``, ``progress``, then ``done``."""
+    async for event in job.events():
+        name, data = _payload(event)
+        yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
+async def ndjson_lines(job: Job) -> AsyncIterator[str]:
+    """One JSON object a line: ``{"event": ..., "data": ...}``."""
+    async for event in job.events():
+        name, data = _payload(event)
+        yield json.dumps({"event": name, "data": data}) + "\n"

@@ -1,0 +1,44 @@
+"""``POST /solve``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
+from blendserve.service.solve.schemas import SolveRequest, SolveResponse
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post(
+    "/solve",
+    response_model=SolveResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}, "application/x-ndjson": {}},
+            "description": "JSON, or events when streamed",
+        }
+    },
+)
+async def solve(body: SolveRequest, request: Request) -> SolveResponse | StreamingResponse:
+    """Answers every question by adaptive self-consistency within one budget.
+
+    Streams server-sent events (``answer`` per question as it settles,
+    ``progress``, ``done``) with ``stream: true`` or ``Accept:
+    text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
+    """
+    settings = request.app.state.settings
+    job = build_job(body, request.app.state.engine, settings.default_concurrency)
+    accept = request.headers.get("accept", "")
+    if "application/x-ndjson" in accept:
+        return StreamingResponse(ndjson_lines(job), media_type="application/x-ndjson")
+    if body.stream or "text/event-stream" in accept:
+        return StreamingResponse(
+            sse_frames(job),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await collect(job)

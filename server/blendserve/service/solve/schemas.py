@@ -1,0 +1,184 @@
+"""Request and response bodies of ``POST /solve``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from blendserve.core.policies import PolicySpec
+from blendserve.engines.base import SamplingParams
+
+__all__ = [
+    "AnswerFormat",
+    "AnswerOut",
+    "BudgetOut",
+    "ConfidenceOut",
+    "QuestionIn",
+    "SamplingIn",
+    "SolveRequest",
+    "SolveResponse",
+    "UsageOut",
+]
+
+#: Policies a caller may ask for (the oracle needs the true distributions).
+SERVING_POLICIES = ("blend", "asc", "ppr", "esc", "sc")
+
+
+class QuestionIn(BaseModel):
+    """One question: ``prompt`` (completions) or ``messages`` (chat)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(None, max_length=256, description="echoed back; default: its index")
+    prompt: str | None = Field(None, min_length=1)
+    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> QuestionIn:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        for message in self.messages or []:
+            if not isinstance(message.get("role"), str) or "content" not in message:
+                raise ValueError("each message needs a string role and a content")
+        return self
+
+
+class AnswerFormat(BaseModel):
+    """How to extract the answer that votes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["auto", "number", "math", "choice", "regex", "exact"] = "auto"
+    pattern: str | None = Field(None, max_length=1000, description="regex kind: first group")
+
+    @model_validator(mode="after")
+    def _pattern_for_regex(self) -> AnswerFormat:
+        if (self.kind == "regex") != (self.pattern is not None):
+            raise ValueError("pattern is required with kind regex and only then")
+        return self
+
+
+class SamplingIn(BaseModel):
+    """Sampling parameters, as in the OpenAI and vLLM APIs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(0.7, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
+
+    def to_sampling_params(self) -> SamplingParams:
+        """The engine-level parameters."""
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_tokens=self.max_tokens,
+            stop=tuple(stop) if stop is not None else None,
+            seed=self.seed,
+            extra=dict(self.extra),
+        )
+
+
+class SolveRequest(BaseModel):
+    """A batch of questions sharing one sample budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    questions: list[QuestionIn] = Field(min_length=1)
+    budget: int | None = Field(None, ge=1, description="total samples for the batch")
+    budget_per_question: float | None = Field(None, gt=0, description="budget / questions")
+    policy: str = Field("blend", description="blend, asc, ppr, esc or sc; options as asc:cap=16")
+    answer: AnswerFormat = Field(default_factory=AnswerFormat)
+    sampling: SamplingIn = Field(default_factory=SamplingIn)
+    model: str | None = None
+    settle_delta: float = Field(0.0, ge=0, lt=1, description="0: pure Blend-ASC")
+    concurrency: int | None = Field(None, ge=1, le=4096)
+    stream: bool = False
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        spec = PolicySpec.parse(value)
+        if spec.name not in SERVING_POLICIES:
+            raise ValueError(
+                f"policy {spec.name!r} cannot serve (use {', '.join(SERVING_POLICIES)})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _budget(self) -> SolveRequest:
+        if (self.budget is None) == (self.budget_per_question is None):
+            raise ValueError("give exactly one of budget and budget_per_question")
+        if self.total_budget < len(self.questions):
+            raise ValueError(
+                f"budget {self.total_budget} is below one sample per question "
+                f"({len(self.questions)} questions)"
+            )
+        return self
+
+    @property
+    def total_budget(self) -> int:
+        """The budget in samples."""
+        if self.budget is not None:
+            return self.budget
+        assert self.budget_per_question is not None
+        return round(self.budget_per_question * len(self.questions))
+
+
+class ConfidenceOut(BaseModel):
+    """How sure a vote is."""
+
+    asc: float = Field(description="P[p1 < p2] (0: certain, 0.5: a coin flip)")
+    ppr: float = Field(description="PPR-1v1 uncertainty; at most settle_delta settles")
+    share: float = Field(description="winner's share of the votes")
+
+
+class UsageOut(BaseModel):
+    """Samples and tokens spent."""
+
+    samples: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class AnswerOut(BaseModel):
+    """One question's final answer."""
+
+    index: int
+    id: str
+    answer: str | None
+    votes: dict[str, int]
+    samples: int
+    confidence: ConfidenceOut
+    settled_early: bool
+    completion: str | None
+    usage: UsageOut
+    partial: bool = False
+
+
+class BudgetOut(BaseModel):
+    """Budget accounting of a job."""
+
+    total: int
+    spent: int
+    unspent: int
+
+
+class SolveResponse(BaseModel):
+    """All answers (in question order) and the job's summary."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    answers: list[AnswerOut]
+    usage: UsageOut
+    budget: BudgetOut
+    duration_s: float
+    error: str | None = None
