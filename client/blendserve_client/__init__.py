@@ -1,3 +1,18 @@
-"""Python SDK for a blendserve service (the HTTP client arrives with the ``/solve`` API)."""
+"""Python SDK for a blendserve service: ``Client`` and ``AsyncClient``."""
 
-__all__: list[str] = []
+from blendserve_client.client import AsyncClient, Client, StreamEvent
+from blendserve_client.errors import APIError
+from blendserve_client.models import Answer, Budget, Confidence, Progress, SolveResult, Usage
+
+__all__ = [
+    "APIError",
+    "Answer",
+    "AsyncClient",
+    "Budget",
+    "Client",
+    "Confidence",
+    "Progress",
+    "SolveResult",
+    "StreamEvent",
+    "Usage",
+]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from blendserve_client import cli as solve_command
+
 from blendserve import __version__
 from blendserve.service import command as serve_command
 from blendserve.sim import command as simulate_command
@@ -18,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"blendserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     serve_command.add_parser(subparsers)
+    solve_command.add_parser(subparsers)
     simulate_command.add_parser(subparsers)
     return parser
 

@@ -1,0 +1,110 @@
+"""``blendserve solve``: send a JSONL file of questions, print answers as JSONL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from blendserve_client.client import Client
+from blendserve_client.errors import APIError
+from blendserve_client.models import Answer, Progress, SolveResult
+
+__all__ = ["add_parser", "read_questions", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Registers the ``solve`` subcommand."""
+    parser = subparsers.add_parser(
+        "solve",
+        help="answer a JSONL file of questions through a running service",
+        description="Reads one question a line ({'id', 'prompt' | 'messages'} or a JSON "
+        "string), streams the job, prints each answer as a JSON line when it settles.",
+    )
+    parser.add_argument("questions", type=Path, help="JSONL file, '-' for stdin")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--budget", type=int, help="total samples")
+    budget.add_argument("--budget-per-question", type=float)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service")
+    parser.add_argument("--api-key", help="bearer key")
+    parser.add_argument("--policy", default="blend")
+    parser.add_argument("--answer", default="auto", help="answer kind: auto, number, math, ...")
+    parser.add_argument("--pattern", help="regex for --answer regex")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--model")
+    parser.add_argument("--settle-delta", type=float, default=0.0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def read_questions(path: Path) -> list[Any]:
+    """Questions from JSONL; raises ValueError naming the bad line."""
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    questions = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, (str, dict)):
+            raise ValueError(f"{path}:{lineno}: expected an object or a string")
+        questions.append(item)
+    if not questions:
+        raise ValueError(f"{path}: no questions")
+    return questions
+
+
+def run(args: argparse.Namespace) -> int:
+    """Streams the job; answers to stdout, progress and the summary to stderr."""
+    try:
+        questions = read_questions(args.questions)
+    except (OSError, ValueError) as exc:
+        print(f"blendserve solve: error: {exc}", file=sys.stderr)
+        return 2
+    sampling = {
+        k: v
+        for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens))
+        if v is not None
+    }
+    answer = {"kind": args.answer, **({"pattern": args.pattern} if args.pattern else {})}
+    bar = tqdm(total=0, unit="sample", disable=args.no_progress, file=sys.stderr)
+    try:
+        with Client(args.url, api_key=args.api_key) as client:
+            for event in client.stream(
+                questions, budget=args.budget, budget_per_question=args.budget_per_question,
+                policy=args.policy, answer=answer, sampling=sampling or None, model=args.model,
+                settle_delta=args.settle_delta,
+            ):  # fmt: skip
+                if isinstance(event, Answer):
+                    bar.write(event.model_dump_json(), file=sys.stdout)
+                elif isinstance(event, Progress):
+                    bar.total = event.budget
+                    bar.n = event.spent
+                    bar.set_postfix(answered=f"{event.answered}/{event.questions}",
+                                    settled=event.settled)  # fmt: skip
+                elif isinstance(event, SolveResult):
+                    bar.close()
+                    print(
+                        f"{event.status}: {event.budget.spent}/{event.budget.total} samples, "
+                        f"{event.budget.unspent} unspent, {event.duration_s:.1f} s",
+                        file=sys.stderr,
+                    )
+                    return 0 if event.status == "completed" else 1
+    except APIError as exc:
+        print(f"blendserve solve: error: {exc}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:
+        print(f"blendserve solve: error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+    print("blendserve solve: error: the stream ended without a summary", file=sys.stderr)
+    return 1

@@ -1,0 +1,89 @@
+"""Typed results of the blendserve API."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Answer", "Budget", "Confidence", "Progress", "SolveResult", "Usage"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Confidence(_Model):
+    """How sure a vote is: ASC's P[p1 < p2], PPR-1v1's uncertainty, the winner's share."""
+
+    asc: float
+    ppr: float
+    share: float
+
+
+class Usage(_Model):
+    """Samples and tokens spent."""
+
+    samples: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Answer(_Model):
+    """One question's final answer."""
+
+    index: int
+    id: str
+    answer: str | None
+    votes: dict[str, int]
+    samples: int
+    confidence: Confidence
+    settled_early: bool
+    completion: str | None
+    usage: Usage
+    partial: bool = False
+
+
+class Budget(_Model):
+    """Budget accounting of a job."""
+
+    total: int
+    spent: int
+    unspent: int
+
+
+class Progress(_Model):
+    """Where a streamed job stands."""
+
+    spent: int
+    completed: int
+    budget: int
+    answered: int
+    settled: int
+    questions: int
+
+
+class SolveResult(_Model):
+    """A finished job: answers in question order (empty in a stream's last event)."""
+
+    status: Literal["completed", "failed", "cancelled"]
+    answers: list[Answer] = []
+    usage: Usage
+    budget: Budget
+    duration_s: float
+    error: str | None = None
+
+    def by_id(self) -> dict[str, Answer]:
+        """Answers keyed by question id."""
+        return {a.id: a for a in self.answers}
+
+
+def parse_event(name: str, data: dict[str, Any]) -> Answer | Progress | SolveResult:
+    """The typed form of one streamed event."""
+    if name == "answer":
+        return Answer.model_validate(data)
+    if name == "progress":
+        return Progress.model_validate(data)
+    if name == "done":
+        return SolveResult.model_validate(data)
+    raise ValueError(f"unknown event {name!r}")
