@@ -107,8 +107,15 @@ class Job:
         self.engine = engine
         self.keyer = keyer
         self.status = JobStatus.PENDING
+        # With more slots than questions, a question may have a few samples in
+        # flight, else every question would be held back to one and sampled in lockstep.
+        max_in_flight = max(1, math.ceil(2 * spec.concurrency / len(spec.questions)))
         self.policy: AllocationPolicy = spec.policy.build(
-            len(spec.questions), spec.budget, seed=spec.seed, settle_delta=spec.settle_delta
+            len(spec.questions),
+            spec.budget,
+            seed=spec.seed,
+            settle_delta=spec.settle_delta,
+            max_in_flight=max_in_flight,
         )
         self._states = [_QuestionState() for _ in spec.questions]
         self._usage = Usage()
@@ -141,7 +148,7 @@ class Job:
                         failures += 1
                         for _ in range(n):
                             self.policy.cancel(q)
-                        if failures >= self.spec.max_consecutive_failures:
+                        if error is None and failures >= self.spec.max_consecutive_failures:
                             error = f"engine failed {failures} times in a row: {exc}"
                     else:
                         raise exc
@@ -176,7 +183,9 @@ class Job:
     def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
         """Fills the free slots: best questions first, extra samples if slots remain."""
         free = self.spec.concurrency - self.policy.num_pending
-        chosen = self.policy.select(free) if free > 0 else []
+        # At most half the open questions per round (the better half); the spare
+        # slots go to them as extra samples, so few questions do not mean lockstep.
+        chosen = self.policy.select(min(free, math.ceil(self.policy.num_open / 2)))
         sizes = dict.fromkeys(chosen, 1)
         spare = free - len(chosen)
         # Fewer selectable questions than free slots: a question takes several samples.

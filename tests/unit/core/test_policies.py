@@ -149,3 +149,16 @@ def test_extend_needs_a_sample_in_flight() -> None:
     policy = SCPolicy(2, 4)
     with pytest.raises(ValueError, match="no sample in flight"):
         policy.extend(0, 1)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_max_in_flight_lets_a_question_be_chosen_again(name: str) -> None:
+    kwargs = {"margins": [0.1, 0.2]} if name == "oracle" else {}
+    policy = POLICIES[name](2, 20, max_in_flight=2, **kwargs)
+    assert sorted(policy.select(2)) == [0, 1]
+    again = policy.select(2)
+    assert sorted(again) == [0, 1]
+    assert policy.select(1) == []  # both have two in flight
+    policy.observe(again[0], "a")
+    assert policy.select(1) == [again[0]]
+    assert policy.num_open == 2

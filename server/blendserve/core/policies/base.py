@@ -28,7 +28,8 @@ class AllocationPolicy(ABC):
     and never exceeded); ``extend(q, k)`` adds samples to a question already
     in flight; each dispatched sample is later either recorded with
     ``observe(q, key)`` or refunded with ``cancel(q)``. A question with a
-    sample in flight is not selected again until they all complete.
+    sample in flight is not selected again until it completes (or, with
+    ``max_in_flight > 1``, while it has that many in flight).
 
     Every question first gets one sample, in index order. A question whose
     PPR-1v1 uncertainty falls to ``settle_delta`` is settled: it gets no more
@@ -41,6 +42,10 @@ class AllocationPolicy(ABC):
         cap: skip questions holding more than ``cap`` times the mean samples
             per question (None: no cap).
         seed: seeds the random tie-break.
+        max_in_flight: samples of one question that may be in flight at once
+            before it stops being selectable (1 in the simulator; a scheduler
+            with more slots than questions raises it so the best questions
+            are not held back by their own pending samples).
     """
 
     #: Short name used by the simulator and the service.
@@ -54,6 +59,7 @@ class AllocationPolicy(ABC):
         settle_delta: float = 0.0,
         cap: float | None = None,
         seed: int = 0,
+        max_in_flight: int = 1,
     ) -> None:
         if budget < num_questions:
             raise ValueError(
@@ -61,6 +67,9 @@ class AllocationPolicy(ABC):
             )
         if not 0.0 <= settle_delta < 1.0:
             raise ValueError(f"settle_delta must be in [0, 1), got {settle_delta}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
         if cap is not None and cap <= 1.0:
             raise ValueError(f"cap must exceed 1 (a multiple of the mean), got {cap}")
         self.cap = cap
@@ -75,6 +84,7 @@ class AllocationPolicy(ABC):
         self._flags = [0] * num_questions
         self._settled = [False] * num_questions
         self._num_pending = 0
+        self._num_finished = 0
         # question index -> samples in flight
         self.num_pending_of: list[int] = [0] * num_questions
         self._unsampled: deque[int] = deque(range(num_questions))
@@ -98,6 +108,11 @@ class AllocationPolicy(ABC):
     def is_settled(self, q: int) -> bool:
         """Whether question ``q`` was settled by ``settle_delta``."""
         return self._settled[q]
+
+    @property
+    def num_open(self) -> int:
+        """Questions that may still get samples (not settled or stopped)."""
+        return self._num_questions - self._num_finished
 
     def is_finished(self, q: int) -> bool:
         """Whether ``q`` will get no more samples: settled, stopped, or out of budget."""
@@ -150,7 +165,7 @@ class AllocationPolicy(ABC):
         ):
             self._settled[q] = True
             self._set(q, _FINISHED)
-        if self.num_pending_of[q] == 0:
+        if self.num_pending_of[q] < self.max_in_flight:
             self._clear(q, _PENDING)
 
     def cancel(self, q: int) -> None:
@@ -161,7 +176,7 @@ class AllocationPolicy(ABC):
         self.num_assigned[q] -= 1
         if self.num_assigned[q] == 0:
             self._unsampled.appendleft(q)
-        if self.num_pending_of[q] == 0:
+        if self.num_pending_of[q] < self.max_in_flight:
             self._clear(q, _PENDING)
 
     def extend(self, q: int, k: int) -> int:
@@ -187,7 +202,8 @@ class AllocationPolicy(ABC):
         self._num_pending += 1
         self.num_pending_of[q] += 1
         self.num_assigned[q] += 1
-        self._set(q, _PENDING)
+        if self.num_pending_of[q] >= self.max_in_flight:
+            self._set(q, _PENDING)
         if self.cap is not None:
             # Paper, section 4: questions holding more than cap x the mean are skipped.
             limit = self.cap * self.num_dispatched / self._num_questions
@@ -199,6 +215,8 @@ class AllocationPolicy(ABC):
 
     def _set(self, q: int, flag: int) -> None:
         before = self._flags[q]
+        if flag == _FINISHED and not before & _FINISHED:
+            self._num_finished += 1
         self._flags[q] = before | flag
         if before == 0:
             self._on_selectable(q, False)

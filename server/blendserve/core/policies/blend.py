@@ -48,8 +48,12 @@ class BlendPolicy(AllocationPolicy):
         settle_delta: float = 0.0,
         cap: float | None = 16.0,
         seed: int = 0,
+        max_in_flight: int = 1,
     ) -> None:
-        super().__init__(num_questions, budget, settle_delta=settle_delta, cap=cap, seed=seed)
+        super().__init__(
+            num_questions, budget, settle_delta=settle_delta, cap=cap, seed=seed,
+            max_in_flight=max_in_flight,
+        )  # fmt: skip
         capacity = 64
         # row 0 is ASC, row 1 is PPR-1v1; slot -> log uncertainty of its state
         self._log_u: NDArray[np.float64] = np.zeros((2, capacity))

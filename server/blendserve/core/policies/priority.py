@@ -33,8 +33,12 @@ class PriorityPolicy(AllocationPolicy):
         settle_delta: float = 0.0,
         cap: float | None = None,
         seed: int = 0,
+        max_in_flight: int = 1,
     ) -> None:
-        super().__init__(num_questions, budget, settle_delta=settle_delta, cap=cap, seed=seed)
+        super().__init__(
+            num_questions, budget, settle_delta=settle_delta, cap=cap, seed=seed,
+            max_in_flight=max_in_flight,
+        )  # fmt: skip
         # question -> token of its one live heap entry (-1: none)
         self._token = [-1] * num_questions
         self._next_token = 0

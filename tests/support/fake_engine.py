@@ -1,0 +1,72 @@
+"""A fake in-process engine for scheduler tests: scripted answers, failures and stalls.
+
+It is a test double, not a model: each question answers from its own list of
+(answer, weight) pairs with a seeded RNG, and it records every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+
+from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.errors import EngineUnavailable
+
+
+class FakeEngine(Engine):
+    """Answers ``question_id`` from ``distributions``; ``fail_next`` requests raise."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        distributions: Mapping[str, Sequence[tuple[str, float]]],
+        *,
+        seed: int = 0,
+        fail_next: int = 0,
+        stall: bool = False,
+    ) -> None:
+        self.distributions = distributions
+        self.rng = random.Random(seed)
+        self.fail_next = fail_next
+        self.stall = stall
+        self.requests: list[GenerateRequest] = []
+        self.served: list[tuple[str, str]] = []  # (question id, answer) per sample
+        self.in_flight = 0
+        self.cancelled = 0
+        self.started = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        self.requests.append(request)
+        self.in_flight += 1
+        self.started.set()
+        try:
+            if self.stall:
+                await asyncio.Event().wait()
+            await asyncio.sleep(0)  # a real engine always yields to the loop
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                raise EngineUnavailable("injected failure")
+            assert request.question_id is not None
+            answers, weights = zip(*self.distributions[request.question_id], strict=True)
+            samples = []
+            for _ in range(request.n):
+                answer = self.rng.choices(answers, weights)[0]
+                self.served.append((request.question_id, answer))
+                samples.append(Sample(f"so it is {answer}", "stop", 5, 4, "fake"))
+            return samples
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+
+    async def health(self) -> EngineHealth:
+        return EngineHealth(True, {"fake": True})
+
+
+async def last_word(text: str) -> tuple[str | None, str | None]:
+    """A keyer for tests: the last word is the answer and its key."""
+    word = text.rsplit(" ", 1)[-1]
+    return (word, word) if word != "none" else (None, None)

@@ -1,0 +1,129 @@
+import asyncio
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from blendserve.core import PolicySpec
+from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
+from tests.support.fake_engine import FakeEngine, last_word
+
+T = TypeVar("T")
+
+DISTRIBUTIONS = {
+    "easy": [("4", 0.95), ("5", 0.05)],
+    "split": [("a", 0.55), ("b", 0.45)],
+    "hard": [("x", 0.4), ("y", 0.35), ("z", 0.25)],
+    "sure": [("yes", 1.0)],
+}
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def _spec(budget: int, **kwargs: Any) -> JobSpec:
+    questions = [Question(id=qid, prompt=f"question {qid}") for qid in DISTRIBUTIONS]
+    return JobSpec(questions=questions, budget=budget, **kwargs)
+
+
+async def _events(job: Job) -> list[Any]:
+    return [event async for event in job.events()]
+
+
+def test_every_question_answered_once_and_the_budget_spent_exactly() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, seed=1)
+    events = _run(_events(Job(_spec(60, concurrency=4), engine, last_word)))
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.status is JobStatus.COMPLETED
+    assert sorted(a.id for a in answers) == sorted(DISTRIBUTIONS)
+    assert done.spent == done.usage.samples == len(engine.served) == 60
+    assert sum(a.samples for a in answers) == 60
+    by_id = {a.id: a for a in answers}
+    assert by_id["sure"].answer == "yes" and by_id["sure"].votes == {"yes": by_id["sure"].samples}
+    assert by_id["easy"].answer == "4"
+    assert by_id["easy"].completion == "so it is 4"
+    # Blend-ASC gives the contested questions more than the sure one.
+    assert by_id["hard"].samples > by_id["sure"].samples
+
+
+def test_concurrency_one_makes_the_simulators_choices() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, seed=2)
+    spec = _spec(40, concurrency=1, seed=7)
+    _run(_events(Job(spec, engine, last_word)))
+    ids = list(DISTRIBUTIONS)
+    # The same policy, fed the same answers in the same order, chooses the same.
+    policy = PolicySpec("blend").build(len(ids), 40, seed=7)
+    for question_id, answer in engine.served:
+        assert policy.select(1) == [ids.index(question_id)]
+        policy.observe(ids.index(question_id), answer)
+    assert policy.select(1) == []
+
+
+def test_settling_ends_the_job_early_and_reports_the_unspent_budget() -> None:
+    engine = FakeEngine({"a": [("1", 1.0)], "b": [("2", 1.0)]})
+    spec = JobSpec([Question("a", "qa"), Question("b", "qb")], budget=200, settle_delta=0.05)
+    events = _run(_events(Job(spec, engine, last_word)))
+    done = events[-1]
+    assert done.status is JobStatus.COMPLETED
+    assert done.unspent > 150
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    assert all(a.settled_early and a.confidence.ppr <= 0.05 for a in answers)
+
+
+def test_failed_samples_are_refunded_and_retried() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, fail_next=3)
+    done = _run(_events(Job(_spec(30, concurrency=2), engine, last_word)))[-1]
+    assert done.status is JobStatus.COMPLETED
+    assert done.spent == len(engine.served) == 30
+
+
+def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, fail_next=10**6)
+    events = _run(_events(Job(_spec(30, max_consecutive_failures=5), engine, last_word)))
+    done = events[-1]
+    assert done.status is JobStatus.FAILED and "5 times in a row" in (done.error or "")
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    assert len(answers) == 4 and all(a.partial and a.answer is None for a in answers)
+    assert done.spent == 0
+
+
+def test_small_batches_take_several_samples_per_request() -> None:
+    engine = FakeEngine(DISTRIBUTIONS)
+    _run(_events(Job(_spec(64, concurrency=16, max_samples_per_request=8), engine, last_word)))
+    assert max(r.n for r in engine.requests) > 1
+    assert max(r.n for r in engine.requests) <= 8
+    assert sum(r.n for r in engine.requests) == len(engine.served) == 64
+
+
+def test_abstaining_samples_are_spent_but_do_not_vote() -> None:
+    engine = FakeEngine({"q": [("none", 0.5), ("7", 0.5)]}, seed=3)
+    events = _run(_events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word)))
+    (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
+    assert answer.samples == 20
+    assert sum(answer.votes.values()) == Counter(a for _, a in engine.served)["7"] < 20
+
+
+def test_closing_the_event_stream_cancels_every_request_in_flight() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, stall=True)
+
+    async def scenario() -> None:
+        stream = Job(_spec(40, concurrency=8), engine, last_word).events()
+        consumer = asyncio.ensure_future(stream.__anext__())
+        await engine.started.wait()
+        assert engine.in_flight > 0
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        await stream.aclose()
+
+    _run(scenario())
+    assert engine.in_flight == 0
+    assert engine.cancelled == len(engine.requests) > 0
+
+
+def test_job_needs_questions() -> None:
+    with pytest.raises(ValueError, match="at least one question"):
+        Job(JobSpec([], budget=1), FakeEngine({}), last_word)
