@@ -4,9 +4,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
-
 from blendserve.core import PolicySpec
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
+
 from tests.support.fake_engine import FakeEngine, last_word
 
 T = TypeVar("T")
