@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -42,10 +43,13 @@ def make_keyer(kind: str, pattern: str | None) -> Keyer:
     from blendserve.answers import acanonical_key, extract
 
     async def keyer(text: str) -> tuple[str | None, str | None]:
-        answer = extract(text, kind, pattern) if kind == "regex" else extract(text, kind)
+        if kind == "regex":  # a caller's pattern may be slow: never on the loop's thread
+            answer = await asyncio.to_thread(extract, text, kind, pattern)
+        else:
+            answer = extract(text, kind)
         if answer is None:
             return None, None
-        return answer, await acanonical_key(answer, "math" if kind == "auto" else kind)
+        return answer, await acanonical_key(answer, kind)
 
     return keyer
 
