@@ -26,11 +26,13 @@ class FakeEngine(Engine):
         seed: int = 0,
         fail_next: int = 0,
         stall: bool = False,
+        latency: float = 0.0,
     ) -> None:
         self.distributions = distributions
         self.rng = random.Random(seed)
         self.fail_next = fail_next
         self.stall = stall
+        self.latency = latency  # seconds of simulated generation per request
         self.requests: list[GenerateRequest] = []
         self.served: list[tuple[str, str]] = []  # (question id, answer) per sample
         self.in_flight = 0
@@ -44,7 +46,7 @@ class FakeEngine(Engine):
         try:
             if self.stall:
                 await asyncio.Event().wait()
-            await asyncio.sleep(0)  # a real engine always yields to the loop
+            await asyncio.sleep(self.latency)  # a real engine always yields to the loop
             if self.fail_next > 0:
                 self.fail_next -= 1
                 raise EngineUnavailable("injected failure")

@@ -77,13 +77,16 @@ class ReplicaSet:
         self._slack = affinity_slack
         self._turn = 0
 
-    def pick(self, key: str | None = None, avoid: Collection[Replica] = ()) -> Replica | None:
+    def pick(
+        self, key: str | None = None, avoid: Collection[Replica] = (), *, rotate: bool = True
+    ) -> Replica | None:
         """The replica the next request should go to, without taking it.
 
         Args:
             key: affinity key (the question id), or None.
             avoid: replicas already tried by this call; used only when some
                 healthy replica is not in it.
+            rotate: advance the tie-breaking turn (False for a mere look).
 
         Returns:
             The chosen replica, or None when no replica is healthy.
@@ -99,7 +102,8 @@ class ReplicaSet:
         least = min(r.outstanding for r in candidates)
         if key is None:
             ties = [r for r in candidates if r.outstanding == least]
-            self._turn += 1
+            if rotate:
+                self._turn += 1
             return ties[self._turn % len(ties)]
         limit = least + max(self._slack, least // 4)
         ranked = sorted(candidates, key=lambda r: _rendezvous_score(key, r.url), reverse=True)

@@ -16,7 +16,6 @@ from typing import Any
 from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
-from blendserve.errors import EngineError
 from blendserve.scheduler.events import (
     AnswerEvent,
     Confidence,
@@ -144,14 +143,12 @@ class Job:
                     if exc is None:
                         failures = 0
                         await self._record(q, task.result(), n)
-                    elif isinstance(exc, EngineError):
+                    else:  # EngineError, or an engine's bug: refund, retry, give up eventually
                         failures += 1
                         for _ in range(n):
                             self.policy.cancel(q)
                         if error is None and failures >= self.spec.max_consecutive_failures:
                             error = f"engine failed {failures} times in a row: {exc}"
-                    else:
-                        raise exc
                     if error is None:
                         for event in self._final_answers():
                             yield event

@@ -162,3 +162,17 @@ def test_max_in_flight_lets_a_question_be_chosen_again(name: str) -> None:
     policy.observe(again[0], "a")
     assert policy.select(1) == [again[0]]
     assert policy.num_open == 2
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_max_in_flight_keeps_each_call_distinct_and_questions_selectable(name: str) -> None:
+    kwargs = {"margins": [0.1, 0.2, 0.3]} if name == "oracle" else {}
+    policy = POLICIES[name](3, 30, max_in_flight=3, **kwargs)
+    assert sorted(policy.select(2)) == [0, 1]
+    second = policy.select(3)
+    assert len(second) == len(set(second)) == 3
+    third = policy.select(3)
+    assert len(third) == len(set(third)) == 3  # nobody was lost from the ranking
+    assert policy.num_pending == 8
+    room = [q for q in range(3) if policy.num_pending_of[q] < 3]
+    assert sorted(policy.select(3)) == room

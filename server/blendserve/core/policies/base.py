@@ -18,6 +18,7 @@ __all__ = ["AllocationPolicy"]
 _PENDING = 1
 _CAPPED = 2
 _FINISHED = 4
+_CHOSEN = 8  # dispatched in the current select() call (max_in_flight > 1 only)
 
 
 class AllocationPolicy(ABC):
@@ -145,6 +146,11 @@ class AllocationPolicy(ABC):
             for q in picked:
                 self._dispatch(q)
             chosen += picked
+        if self.max_in_flight > 1:
+            # Distinct within one call; a question still selectable re-enters the
+            # ranking with its new sample count.
+            for q in chosen:
+                self._clear(q, _CHOSEN)
         return chosen
 
     def observe(self, q: int, key: Hashable | None) -> None:
@@ -192,9 +198,11 @@ class AllocationPolicy(ABC):
         if self.num_pending_of[q] == 0:
             raise ValueError(f"question {q} has no sample in flight to extend")
         granted = 0
-        while granted < k and self.num_dispatched < self.budget and not self._flags[q] & ~_PENDING:
+        stop = _CAPPED | _FINISHED
+        while granted < k and self.num_dispatched < self.budget and not self._flags[q] & stop:
             self._dispatch(q)
             granted += 1
+        self._clear(q, _CHOSEN)
         return granted
 
     def _dispatch(self, q: int) -> None:
@@ -204,6 +212,8 @@ class AllocationPolicy(ABC):
         self.num_assigned[q] += 1
         if self.num_pending_of[q] >= self.max_in_flight:
             self._set(q, _PENDING)
+        elif self.max_in_flight > 1:
+            self._set(q, _CHOSEN)
         if self.cap is not None:
             # Paper, section 4: questions holding more than cap x the mean are skipped.
             limit = self.cap * self.num_dispatched / self._num_questions

@@ -1,0 +1,43 @@
+"""Answer extraction and canonical voting keys, the pure part (no processes, no I/O).
+
+The guarded public API (deadlines, worker processes, cache, asyncio) is
+:mod:`blendserve.answers`; :func:`sympy_key` here has no time limit of its own.
+"""
+
+from blendserve.core.answers.extract import (
+    KINDS,
+    RegexUnavailable,
+    check_kind,
+    extract,
+    search_re,
+    search_regex,
+)
+from blendserve.core.answers.math_keys import MAX_SYMPY_CHARS, is_safe_for_sympy, sympy_key
+from blendserve.core.answers.normalize import (
+    choice_key,
+    clean_math,
+    exact_key,
+    is_text_answer,
+    math_fallback_key,
+    number_key,
+    scan_boxes,
+)
+
+__all__ = [
+    "KINDS",
+    "MAX_SYMPY_CHARS",
+    "RegexUnavailable",
+    "check_kind",
+    "choice_key",
+    "clean_math",
+    "exact_key",
+    "extract",
+    "is_safe_for_sympy",
+    "is_text_answer",
+    "math_fallback_key",
+    "number_key",
+    "scan_boxes",
+    "search_re",
+    "search_regex",
+    "sympy_key",
+]

@@ -1,0 +1,196 @@
+"""``POST /solve`` end to end: a real uvicorn server on loopback over a fake engine."""
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from blendserve.service import Settings, create_app
+from blendserve_client import Answer, APIError, AsyncClient, Client, Progress, SolveResult
+
+from tests.support.fake_engine import FakeEngine
+from tests.support.live import LiveServer
+
+DISTRIBUTIONS = {
+    "easy": [("42", 0.9), ("41", 0.1)],
+    "split": [("7", 0.6), ("8", 0.4)],
+    "sure": [("3", 1.0)],
+}
+QUESTIONS = [{"id": qid, "prompt": f"question {qid}"} for qid in DISTRIBUTIONS]
+
+
+def _serve(engine: FakeEngine) -> LiveServer:
+    async def factory() -> FakeEngine:
+        return engine
+
+    return LiveServer(create_app(Settings(default_concurrency=4), engine_factory=factory))
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine({**DISTRIBUTIONS, "0": [("1", 1.0)]}, seed=5)
+
+
+@pytest.fixture
+def server(engine: FakeEngine) -> Iterator[LiveServer]:
+    with _serve(engine) as live:
+        yield live
+
+
+def _solve(url: str, **body: Any) -> httpx.Response:
+    payload = {"questions": QUESTIONS, "answer": {"kind": "number"}, **body}
+    return httpx.post(f"{url}/solve", json=payload, timeout=30)
+
+
+def test_json_answers_and_budget_accounting(server: LiveServer, engine: FakeEngine) -> None:
+    response = _solve(server.url, budget=45)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "completed"
+    assert [a["id"] for a in body["answers"]] == ["easy", "split", "sure"]
+    assert body["budget"] == {"total": 45, "spent": 45, "unspent": 0}
+    assert body["usage"]["samples"] == 45 == len(engine.served)
+    assert sum(a["samples"] for a in body["answers"]) == 45
+    sure = body["answers"][2]
+    assert sure["answer"] == "3" and sure["votes"] == {"3": sure["samples"]}
+    assert sure["completion"] == "so it is 3"
+    assert 0 < sure["confidence"]["asc"] < 0.01 and sure["confidence"]["share"] == 1.0
+    assert body["answers"][0]["answer"] == "42"
+
+
+def test_budget_per_question_and_early_settling(server: LiveServer) -> None:
+    body = _solve(server.url, budget_per_question=50, settle_delta=0.05).json()
+    assert body["budget"]["total"] == 150
+    sure = body["answers"][2]
+    assert sure["settled_early"] and sure["samples"] < 20
+
+
+def _sse(url: str, **body: Any) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    payload = {"questions": QUESTIONS, "answer": {"kind": "number"}, "stream": True, **body}
+    with httpx.stream("POST", f"{url}/solve", json=payload, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line[5:])))
+    return events
+
+
+def test_stream_sends_each_answer_once_then_done() -> None:
+    with _serve(FakeEngine(DISTRIBUTIONS, latency=0.005)) as server:
+        events = _sse(server.url, budget=300, settle_delta=0.01)
+    names = [name for name, _ in events]
+    assert names[-1] == "done" and names.count("done") == 1
+    answers = [data for name, data in events if name == "answer"]
+    assert sorted(a["id"] for a in answers) == ["easy", "split", "sure"]
+    # A settled question is streamed at once, while the job goes on.
+    assert answers[0]["settled_early"]
+    first_answer = names.index("answer")
+    assert "progress" in names[first_answer:]
+    done = events[-1][1]
+    assert done["budget"]["spent"] == sum(a["samples"] for a in answers)
+    assert done["budget"]["unspent"] == 300 - done["budget"]["spent"]
+
+
+def test_ndjson_on_accept_header(server: LiveServer) -> None:
+    payload = {"questions": QUESTIONS, "budget": 12}
+    headers = {"Accept": "application/x-ndjson"}
+    response = httpx.post(f"{server.url}/solve", json=payload, headers=headers, timeout=30)
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert lines[-1]["event"] == "done"
+    assert sum(line["event"] == "answer" for line in lines) == 3
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"budget": 2}, None),
+        ({}, None),
+        ({"budget": 10, "budget_per_question": 3}, None),
+        ({"budget": 10, "policy": "oracle"}, "policy"),
+        ({"budget": 10, "policy": "blend:cap=x"}, "policy"),
+        ({"budget": 10, "answer": {"kind": "regex"}}, "answer"),
+        ({"budget": 10, "sampling": {"temperature": -1}}, "sampling.temperature"),
+        ({"budget": 10, "questions": [{"prompt": "a", "messages": []}]}, "questions.0.messages"),
+        ({"budget": 10, "questions": []}, "questions"),
+    ],
+)
+def test_bad_requests_are_422_with_the_field(
+    server: LiveServer, body: dict[str, Any], param: str | None
+) -> None:
+    response = _solve(server.url, **body)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["message"]
+    if param is not None:
+        assert error["param"].startswith(param)
+
+
+def test_health_and_models(server: LiveServer) -> None:
+    health = httpx.get(f"{server.url}/health").json()
+    assert health == {"status": "ok", "engine": "fake", "upstreams": {"fake": True}}
+    assert httpx.get(f"{server.url}/v1/models").json() == {"object": "list", "data": []}
+
+
+def test_client_disconnect_cancels_upstream_work() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, stall=True)
+    with _serve(engine) as live:
+        payload = {"questions": QUESTIONS, "budget": 30, "stream": True}
+        with httpx.stream("POST", f"{live.url}/solve", json=payload, timeout=30):
+            deadline = time.monotonic() + 10
+            while not engine.in_flight and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.in_flight > 0
+        deadline = time.monotonic() + 5
+        while engine.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.in_flight == 0 and engine.cancelled > 0
+
+
+def test_sync_client_solve_and_stream(server: LiveServer) -> None:
+    with Client(server.url) as client:
+        result = client.solve(QUESTIONS, budget=30, answer="number")
+        assert result.status == "completed" and result.by_id()["sure"].answer == "3"
+        events = list(client.stream(QUESTIONS, budget=30, answer="number"))
+    assert isinstance(events[-1], SolveResult)
+    assert sum(isinstance(e, Answer) for e in events) == 3
+    assert all(isinstance(e, (Answer, Progress)) for e in events[:-1])
+    with Client(server.url) as client, pytest.raises(APIError) as info:
+        client.solve(QUESTIONS, budget=1)
+    assert info.value.status_code == 422
+
+
+def test_async_client(server: LiveServer) -> None:
+    import asyncio
+
+    async def scenario() -> tuple[SolveResult, list[Any]]:
+        async with AsyncClient(server.url) as client:
+            result = await client.solve(["plain prompt"], budget=3)
+            events = [e async for e in client.stream(QUESTIONS, budget=9)]
+            return result, events
+
+    result, events = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert result.answers[0].id == "0"
+    assert isinstance(events[-1], SolveResult) and events[-1].budget.spent == 9
+
+
+def test_cli_prints_answers_as_jsonl(server: LiveServer, tmp_path: Path) -> None:
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "blendserve.cli", "solve", str(questions), "--budget", "30",
+         "--url", server.url, "--answer", "number", "--no-progress"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(line["id"] for line in lines) == ["easy", "split", "sure"]
+    assert "completed: 30/30 samples" in done.stderr

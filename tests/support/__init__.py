@@ -1,0 +1,1 @@
+"""Test helpers shared across test packages (fakes, not production code)."""

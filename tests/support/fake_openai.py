@@ -1,0 +1,317 @@
+"""A fake OpenAI-compatible upstream for tests and benchmarks; it runs no model.
+
+``create_app(state)`` builds a FastAPI app serving ``POST /v1/chat/completions``,
+``POST /v1/completions`` and ``GET /v1/models`` whose behaviour follows the
+knobs of a :class:`FakeState` and which counts what it does there. Every
+choice's text is unique (``"{name}:{serial}"``), so tests can tell that no
+sample was returned twice.
+
+:class:`FakeServer` serves one app with a real uvicorn server on 127.0.0.1 in
+a background thread (ephemeral port, readiness polled on ``/v1/models``); it
+can be killed mid-run and restarted on the same port. Run as a module for a
+separate process (benchmarks)::
+
+    python -m tests.support.fake_openai --port 0 [--latency S] [--ignore-n]
+
+which prints ``PORT <number>`` once bound and serves ``GET /fake/stats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["FakeServer", "FakeState", "create_app"]
+
+
+@dataclass
+class FakeState:
+    """Knobs and counters of one fake upstream (shared across its restarts).
+
+    Knobs: ``honour_n`` (False: one choice whatever ``n``, like llama.cpp),
+    ``latency`` (seconds before answering), ``fail_next`` (answer the next k
+    completion requests with 500), ``drop`` (drop every completion request's
+    connection after sending headers), ``record`` (keep request bodies).
+    Counters: ``requests`` (completion requests received), ``in_flight``,
+    ``max_in_flight``, ``samples_served`` (choices in answers sent),
+    ``disconnects`` (clients that went away while waiting), ``model_requests``.
+    """
+
+    name: str = "fake"
+    model: str = "fake-model"
+    honour_n: bool = True
+    latency: float = 0.0
+    fail_next: int = 0
+    drop: bool = False
+    record: bool = True
+    requests: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    samples_served: int = 0
+    disconnects: int = 0
+    model_requests: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    _serial: int = 0
+
+    def next_text(self) -> str:
+        self._serial += 1
+        return f"{self.name}:{self._serial}"
+
+    def stats(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "bodies" and not k.startswith("_")}
+
+
+class _Dropped(Exception):
+    """Raised after the headers went out, so that uvicorn closes the connection."""
+
+
+class _DropConnection(Response):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"64")]}
+        )
+        raise _Dropped("fake upstream dropped the connection")
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _wait(request: Request, latency: float, killed: asyncio.Event) -> str:
+    """Waits ``latency``; returns ``done``, ``disconnected`` or ``killed``."""
+    waits = {
+        asyncio.ensure_future(asyncio.sleep(latency)): "done",
+        asyncio.ensure_future(_until_disconnect(request)): "disconnected",
+        asyncio.ensure_future(killed.wait()): "killed",
+    }
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.wait(pending)
+    return next(waits[t] for t in waits if t in done)
+
+
+def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI:
+    """The fake upstream app; setting ``killed`` drops every pending and later request."""
+    app = FastAPI()
+    kill = killed if killed is not None else asyncio.Event()
+
+    async def complete(request: Request, chat: bool) -> Response:
+        body = json.loads(await request.body())
+        state.requests += 1
+        if state.record:
+            state.bodies.append(body)
+        if state.fail_next > 0:
+            state.fail_next -= 1
+            return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            outcome = "done"
+            if state.latency > 0:
+                outcome = await _wait(request, state.latency, kill)
+            if outcome == "disconnected":
+                state.disconnects += 1
+                return Response(status_code=204)  # nobody is listening
+            if state.drop or kill.is_set():
+                return _DropConnection()
+            n = int(body.get("n", 1)) if state.honour_n else 1
+            choices = []
+            for i in range(n):
+                text = state.next_text()
+                if chat:
+                    message = {"role": "assistant", "content": text}
+                    choices.append({"index": i, "message": message, "finish_reason": "stop"})
+                else:
+                    choices.append({"index": i, "text": text, "finish_reason": "length"})
+            state.samples_served += n
+            payload = {
+                "id": f"cmpl-{state.name}-{state.requests}",
+                "object": "chat.completion" if chat else "text_completion",
+                "model": state.model,
+                "choices": choices,
+                "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n},
+            }
+            return Response(json.dumps(payload), media_type="application/json")
+        finally:
+            state.in_flight -= 1
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        state.model_requests += 1
+        return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+
+    @app.get("/fake/stats")
+    async def stats() -> dict[str, Any]:
+        return state.stats()
+
+    return app
+
+
+def _bind(port: int) -> socket.socket:
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that name it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _config(app: FastAPI) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        http="h11",
+        loop="asyncio",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        log_level="critical",
+        timeout_graceful_shutdown=2,
+    )
+
+
+def wait_ready(url: str, timeout: float = 10.0) -> None:
+    """Polls ``{url}/models`` until it answers 200, or raises TimeoutError."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=1.0) as client:
+        while True:
+            try:
+                if client.get(url + "/models").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not become ready in {timeout} s")
+            time.sleep(0.01)
+
+
+class FakeServer:
+    """A fake upstream served by uvicorn on 127.0.0.1 from a background thread.
+
+    Args:
+        state: knobs and counters (a new one named ``name`` when None).
+        name: the state's name when ``state`` is None.
+    """
+
+    def __init__(self, state: FakeState | None = None, name: str = "fake") -> None:
+        self.state = state if state is not None else FakeState(name=name)
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._killed: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, ending in ``/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 10.0) -> FakeServer:
+        """Serves (again, on the same port once started before) and waits until ready."""
+        if self._thread is not None:
+            raise RuntimeError("already running")
+        sock = _bind(self.port)
+        self.port = sock.getsockname()[1]
+        self._killed = asyncio.Event()
+        self._server = uvicorn.Server(_config(create_app(self.state, self._killed)))
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(sock, started), name=f"fake-{self.state.name}", daemon=True
+        )
+        self._thread.start()
+        started.wait(timeout)
+        wait_ready(self.url, timeout)
+        return self
+
+    def _run(self, sock: socket.socket, started: threading.Event) -> None:
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            started.set()
+            assert self._server is not None
+            await self._server.serve(sockets=[sock])
+
+        asyncio.run(serve())
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """Drops every pending and later request, then stops listening."""
+        self.signal_stop(kill=True)
+        self.join(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Lets pending requests finish, then stops listening."""
+        self.signal_stop()
+        self.join(timeout)
+
+    def signal_stop(self, kill: bool = False) -> None:
+        """Starts stopping (see :meth:`kill`, :meth:`stop`) without waiting."""
+        server, killed, loop = self._server, self._killed, self._loop
+        if server is None or killed is None or loop is None:
+            return
+
+        def now() -> None:
+            if kill:
+                killed.set()
+            server.should_exit = True
+
+        loop.call_soon_threadsafe(now)
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Waits until a stop started by :meth:`signal_stop` is complete."""
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"fake {self.state.name} did not stop in {timeout} s")
+        self._thread = self._server = self._loop = self._killed = None
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serves one fake upstream in this process until interrupted."""
+    parser = argparse.ArgumentParser(description="fake OpenAI-compatible upstream")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--ignore-n", action="store_true")
+    parser.add_argument("--name", default="fake")
+    args = parser.parse_args(argv)
+    state = FakeState(
+        name=args.name, honour_n=not args.ignore_n, latency=args.latency, record=False
+    )
+    sock = _bind(args.port)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(_config(create_app(state))).run(sockets=[sock])
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

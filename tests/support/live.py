@@ -1,0 +1,52 @@
+"""Serve an ASGI app with a real uvicorn server on 127.0.0.1 from a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class LiveServer:
+    """A real uvicorn server on an ephemeral loopback port, lifespan included.
+
+    Args:
+        app: the application.
+        timeout: seconds to wait for startup and shutdown.
+    """
+
+    def __init__(self, app: FastAPI, timeout: float = 20.0) -> None:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, loop="asyncio", http="h11", log_level="warning",
+            access_log=False, timeout_graceful_shutdown=2,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.timeout = timeout
+        self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
+        self.url = ""
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + self.timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.005)
+        (sock,) = self.server.servers[0].sockets
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.server.should_exit = True
+        self._thread.join(self.timeout)
+        if self._thread.is_alive():
+            raise RuntimeError("the server did not stop")

@@ -1,0 +1,205 @@
+"""OpenAIEngine against fake upstreams served by real uvicorn servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
+from blendserve.engines.openai import OpenAIEngine
+
+from tests.support.fake_openai import FakeServer
+
+T = TypeVar("T")
+Fakes = Callable[..., list[FakeServer]]
+CHAT = [{"role": "user", "content": "2+2?"}]
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Polls ``condition`` until it holds; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def _engine(servers: list[FakeServer], **kwargs: Any) -> OpenAIEngine:
+    kwargs.setdefault("backoff_base", 0.01)
+    return OpenAIEngine([s.url for s in servers], **kwargs)
+
+
+def chat(n: int = 1, **kwargs: Any) -> GenerateRequest:
+    return GenerateRequest(messages=CHAT, n=n, **kwargs)
+
+
+def test_equal_replicas_share_concurrent_load(fakes: Fakes) -> None:
+    servers = fakes(3, latency=0.3)
+
+    async def main() -> list[list[Sample]]:
+        async with _engine(servers) as e:
+            return await asyncio.gather(*(e.generate(chat()) for _ in range(30)))
+
+    results = _run(main())
+    assert sum(map(len, results)) == 30
+    assert [s.state.requests for s in servers] == [10, 10, 10]
+    assert [s.state.max_in_flight for s in servers] == [10, 10, 10]
+
+
+def test_least_outstanding_keeps_off_a_busy_replica(fakes: Fakes) -> None:
+    slow, fast_a, fast_b = fakes(3)
+    slow.state.latency = 60.0
+    done = 0
+
+    async def worker(e: OpenAIEngine) -> None:
+        nonlocal done
+        while True:
+            await e.generate(chat())
+            done += 1
+
+    async def main() -> None:
+        async with _engine([slow, fast_a, fast_b]) as e:
+            tasks = [asyncio.ensure_future(worker(e)) for _ in range(6)]
+            await _until(lambda: done >= 40)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    _run(main())
+    # Six workers start two requests per replica; then a picking worker has just freed a
+    # slot on a fast replica, which is then below the slow one's two outstanding requests.
+    assert slow.state.requests == 2
+    assert fast_a.state.requests + fast_b.state.requests >= 40
+
+
+def test_same_question_lands_on_one_replica(fakes: Fakes) -> None:
+    servers = fakes(3)
+
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        async with _engine(servers) as e:
+            sequential = set()
+            for _ in range(6):
+                sequential |= {s.upstream for s in await e.generate(chat(question_id="q-7"))}
+            concurrent = await asyncio.gather(
+                *(e.generate(chat(question_id="q-8")) for _ in range(4))
+            )
+            spread = await asyncio.gather(
+                *(e.generate(chat(question_id=f"q{i}")) for i in range(30))
+            )
+            return (
+                sequential,
+                {s.upstream for r in concurrent for s in r},
+                {s.upstream for r in spread for s in r},
+            )
+
+    sequential, concurrent, spread = _run(main())
+    assert len(sequential) == 1 and len(concurrent) == 1
+    assert len(spread) >= 2
+
+
+def test_killed_replica_loses_and_duplicates_no_sample(fakes: Fakes) -> None:
+    servers = fakes(3, latency=0.02)
+    victim = servers[1]
+
+    async def main() -> list[Sample]:
+        async with _engine(servers, failure_threshold=2, probe_interval=0.05) as e:
+            gate = asyncio.Semaphore(12)
+
+            async def one(i: int) -> list[Sample]:
+                async with gate:
+                    return await e.generate(chat(n=2, question_id=f"q{i % 10}"))
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(90)]
+            await _until(lambda: victim.state.samples_served >= 10)
+            await asyncio.to_thread(victim.kill)
+            results = await asyncio.gather(*tasks)
+            assert not (await e.health()).upstreams[victim.url]
+            return [s for r in results for s in r]
+
+    samples = _run(main())
+    assert len(samples) == 180
+    assert len({s.text for s in samples}) == 180
+    assert sum(s.state.samples_served for s in servers) == 180
+    served_by = {s.url: sum(x.upstream == s.url for x in samples) for s in servers}
+    assert served_by == {s.url: s.state.samples_served for s in servers}
+    assert 10 <= victim.state.samples_served < 180
+
+
+def test_unhealthy_replica_is_probed_back_in(fakes: Fakes) -> None:
+    back, steady = fakes(2)
+
+    async def main() -> None:
+        async with _engine([back, steady], failure_threshold=2, probe_interval=0.05) as e:
+            await asyncio.to_thread(back.kill)
+            for _ in range(6):
+                [sample] = await e.generate(chat())
+                assert sample.upstream == steady.url
+            health = await e.health()
+            assert health.healthy and health.upstreams == {back.url: False, steady.url: True}
+            before = back.state.requests
+            await asyncio.to_thread(back.start)
+            await _until(lambda: e._replicas.snapshot()[back.url])
+            assert back.state.model_requests >= 1
+            await asyncio.gather(*(e.generate(chat()) for _ in range(10)))
+            assert back.state.requests > before
+
+    _run(main())
+
+
+def test_cancelling_generate_closes_upstream_requests(fakes: Fakes) -> None:
+    [server] = fakes(1, latency=60.0)
+
+    async def main() -> None:
+        async with _engine([server], n_support="no") as e:
+            task = asyncio.ensure_future(e.generate(chat(n=4)))
+            await _until(lambda: server.state.in_flight == 4)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert [r.outstanding for r in e._replicas.replicas] == [0]
+            await _until(lambda: server.state.in_flight == 0)
+            assert server.state.disconnects == 4
+
+    _run(main())
+
+
+def test_ignored_n_is_topped_up_live(fakes: Fakes) -> None:
+    [server] = fakes(1, honour_n=False)
+
+    async def main() -> tuple[list[Sample], list[Sample]]:
+        async with _engine([server]) as e:
+            first = await e.generate(chat(n=5, params=SamplingParams(seed=100)))
+            second = await e.generate(chat(n=3))
+            return first, second
+
+    first, second = _run(main())
+    assert len(first) == 5 and len(second) == 3
+    assert len({s.text for s in first + second}) == 8
+    bodies = server.state.bodies
+    assert bodies[0]["n"] == 5 and sorted(b["seed"] for b in bodies[:5]) == list(range(100, 105))
+    assert len(bodies) == 8 and all("n" not in b for b in bodies[1:])
+    assert server.state.samples_served == 8
+
+
+def test_failures_and_dropped_connections_are_retried(fakes: Fakes) -> None:
+    flaky, dropping, steady = fakes(3)
+    flaky.state.fail_next = 2
+    dropping.state.drop = True
+
+    async def main() -> None:
+        async with _engine([flaky], failure_threshold=5) as e:
+            assert len(await e.generate(chat(n=3))) == 3
+        assert flaky.state.requests == 3
+        async with _engine([dropping, steady]) as e:
+            samples = await e.generate(GenerateRequest(prompt="p", n=2, question_id="x"))
+            assert [s.upstream for s in samples] == [steady.url] * 2
+            assert await e.models() == ["fake-model"]
+
+    _run(main())
