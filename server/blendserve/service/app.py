@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from blendserve import __version__
+from blendserve import __version__, answers
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
@@ -38,10 +39,13 @@ def create_app(
         engine = await make_engine()
         app.state.engine = engine
         app.state.settings = settings
+        # Start the sympy workers now, so the first math answer does not wait for them.
+        warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
         try:
             yield
         finally:
             await engine.aclose()
+            await asyncio.gather(warming, return_exceptions=True)
 
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
     install_error_handlers(app)

@@ -1,0 +1,236 @@
+"""The replay engine: our own fake model that serves recorded answers.
+
+It is a test double for schedulers, benchmarks, fault tests and demos, not a
+model: for a question it draws (with replacement) one of the answers recorded
+for it and renders a short completion in the requested answer format, so
+extraction and voting run exactly as in production. A latency and capacity
+model imitates an engine's batch; fault injection imitates a bad upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+
+__all__ = ["FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
+
+_REASONING = "Let me work through this step by step and check each part of the question."
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """How long a request takes and how many sequences run at once.
+
+    Attributes:
+        fixed: seconds per request.
+        per_token: seconds per completion token (sequences of a request run together).
+        max_concurrent_sequences: sequences served at once, like a GPU batch
+            (None: unlimited); a request for n samples holds n of them.
+    """
+
+    fixed: float = 0.0
+    per_token: float = 0.0
+    max_concurrent_sequences: int | None = None
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Rates of injected faults per request (seeded, independent of the answers).
+
+    Attributes:
+        error_rate: the request fails (an upstream 5xx).
+        timeout_rate: the request hangs until its deadline or cancellation.
+        drop_rate: the connection drops (no response).
+        slow_rate: the request takes ``slow_factor`` times longer.
+        slow_factor: slowdown of slow requests.
+    """
+
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    drop_rate: float = 0.0
+    slow_rate: float = 0.0
+    slow_factor: float = 5.0
+
+
+@dataclass
+class ReplayStats:
+    """Counters that tests and benchmarks read: nothing lost, nothing twice."""
+
+    requests: int = 0
+    samples: int = 0
+    failures: int = 0
+    in_flight: int = 0
+    sequences_in_flight: int = 0
+    max_sequences_in_flight: int = 0
+
+
+def render(answer: str | None, kind: str) -> tuple[str, str]:
+    """A completion whose extracted answer (of ``kind``) is ``answer``, and its finish reason.
+
+    ``None`` renders a truncated completion with no answer (finish reason ``length``).
+    """
+    if answer is None:
+        return f"{_REASONING} First we note that the", "length"
+    if kind == "math":
+        return f"{_REASONING} Simplifying, the final answer is $\\boxed{{{answer}}}$.", "stop"
+    if kind == "choice":
+        return f"{_REASONING} Comparing the options, Answer: ({answer})", "stop"
+    if kind == "exact":
+        return answer, "stop"
+    if kind == "regex":
+        return f"{_REASONING}\nAnswer: {answer}", "stop"
+    return f"{_REASONING} Putting it together, the answer is {answer}.", "stop"
+
+
+def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if not isinstance(data, (str, Path)):
+        return list(data)
+    records = []
+    path = Path(data)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read replay data {path}: {exc}") from exc
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+    return records
+
+
+class ReplayEngine(Engine):
+    """Serves recorded answers by question id, else by exact prompt.
+
+    Args:
+        data: a JSONL file (``{"id", "answers": [...]}`` per line, optional
+            ``prompt``/``question``) or the records themselves.
+        seed: seeds the answer draws (a request's own ``seed`` overrides it).
+        latency: the latency and capacity model (zero latency by default).
+        faults: injected fault rates.
+        model_name: the name ``models()`` reports.
+
+    Raises:
+        ValueError: unreadable data or a record without an answers list.
+    """
+
+    name = "replay"
+
+    def __init__(
+        self,
+        data: str | Path | Sequence[Mapping[str, Any]],
+        *,
+        seed: int = 0,
+        latency: LatencyModel | None = None,
+        faults: FaultConfig | None = None,
+        model_name: str = "replay",
+    ) -> None:
+        # question id or prompt -> recorded answers (None: no answer)
+        self._answers: dict[str, list[str | None]] = {}
+        for i, record in enumerate(_load(data)):
+            answers = record.get("answers")
+            if not isinstance(answers, list) or not answers:
+                raise ValueError(f"replay record {i} has no answers list")
+            values = [None if a is None else str(a) for a in answers]
+            self._answers[str(record.get("id", i))] = values
+            for field in ("prompt", "question"):
+                if isinstance(record.get(field), str):
+                    self._answers.setdefault(record[field], values)
+        self.latency = latency or LatencyModel()
+        self.faults = faults or FaultConfig()
+        self.model_name = model_name
+        self.stats = ReplayStats()
+        self._rng = random.Random(seed)
+        self._fault_rng = random.Random(seed + 1)
+        self._free = self.latency.max_concurrent_sequences
+        self._freed = asyncio.Condition()
+
+    def _lookup(self, request: GenerateRequest) -> list[str | None]:
+        keys = [request.question_id, request.prompt]
+        if request.messages:
+            keys.append(str(request.messages[-1].get("content")))
+        for key in keys:
+            if key is not None and key in self._answers:
+                return self._answers[key]
+        raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[1]!r}")
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        """Draws ``request.n`` recorded answers and renders them, after the modelled delay."""
+        recorded = self._lookup(request)
+        seed = request.params.seed
+        rng = self._rng if seed is None else random.Random(seed)
+        drawn = [rng.choice(recorded) for _ in range(request.n)]
+        self.stats.requests += 1
+        self.stats.in_flight += 1
+        try:
+            await self._fault(request)
+            texts = [render(a, request.answer_kind) for a in drawn]
+            tokens = [len(text.split()) for text, _ in texts]
+            delay = self.latency.fixed + self.latency.per_token * max(tokens)
+            if self._fault_rng.random() < self.faults.slow_rate:
+                delay *= self.faults.slow_factor
+            await self._run(request.n, delay)
+            prompt_tokens = len((request.prompt or str(request.messages)).split())
+            self.stats.samples += request.n
+            return [
+                Sample(text, finish, prompt_tokens, count, self.name)
+                for (text, finish), count in zip(texts, tokens, strict=True)
+            ]
+        finally:
+            self.stats.in_flight -= 1
+
+    async def _fault(self, request: GenerateRequest) -> None:
+        roll = self._fault_rng.random()
+        faults = self.faults
+        if roll < faults.error_rate:
+            self.stats.failures += 1
+            raise EngineUnavailable("replay: injected upstream error")
+        roll -= faults.error_rate
+        if roll < faults.drop_rate:
+            self.stats.failures += 1
+            raise EngineUnavailable("replay: injected dropped connection")
+        roll -= faults.drop_rate
+        if roll < faults.timeout_rate:
+            self.stats.failures += 1
+            if request.timeout is None:
+                await asyncio.Event().wait()  # hangs until cancelled, like a stuck upstream
+            await asyncio.sleep(request.timeout or 0)
+            raise EngineTimeout(f"replay: injected timeout after {request.timeout} s")
+
+    async def _run(self, n: int, delay: float) -> None:
+        # A request's n sequences start together (all-or-nothing, so no deadlock).
+        if self._free is not None:
+            need = min(n, self.latency.max_concurrent_sequences or n)
+            async with self._freed:
+                await self._freed.wait_for(lambda: self._free is not None and self._free >= need)
+                self._free -= need
+        stats = self.stats
+        stats.sequences_in_flight += n
+        stats.max_sequences_in_flight = max(
+            stats.max_sequences_in_flight, stats.sequences_in_flight
+        )
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            stats.sequences_in_flight -= n
+            if self._free is not None:
+                async with self._freed:
+                    self._free += need
+                    self._freed.notify_all()
+
+    async def health(self) -> EngineHealth:
+        """Always healthy (faults are per request)."""
+        return EngineHealth(True, {self.name: True})
+
+    async def models(self) -> list[str]:
+        """The configured model name."""
+        return [self.model_name]

@@ -1,0 +1,139 @@
+import asyncio
+import re
+from collections import Counter
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from blendserve.answers import extract
+from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, render
+from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+
+T = TypeVar("T")
+DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def _request(question_id: str | None = "q-easy", n: int = 1, **kwargs: Any) -> GenerateRequest:
+    prompt = kwargs.pop("prompt", "unused prompt")
+    return GenerateRequest(prompt=prompt, n=n, question_id=question_id, **kwargs)
+
+
+def test_lookup_by_id_then_by_prompt() -> None:
+    engine = ReplayEngine(DATA)
+    by_id = _run(engine.generate(_request("q-easy", n=3, answer_kind="number")))
+    assert len(by_id) == 3 and all(s.upstream == "replay" for s in by_id)
+    by_prompt = _run(engine.generate(_request(None, prompt="Which is it?", answer_kind="number")))
+    assert extract(by_prompt[0].text, "number") in {"7", "8", None}
+    chat = GenerateRequest(messages=[{"role": "user", "content": "What is 6 times 7?"}])
+    assert _run(engine.generate(chat))
+
+
+def test_unknown_question_is_a_protocol_error() -> None:
+    with pytest.raises(EngineProtocolError, match="no recorded answers"):
+        _run(ReplayEngine(DATA).generate(_request("nope")))
+
+
+def test_draws_follow_the_recorded_frequencies_and_render_for_extraction() -> None:
+    engine = ReplayEngine(DATA, seed=3)
+    samples = _run(engine.generate(_request("q-split", n=4000, answer_kind="number")))
+    counts = Counter(extract(s.text, "number") for s in samples)
+    assert counts["7"] / 4000 == pytest.approx(0.6, abs=0.03)
+    assert counts["8"] / 4000 == pytest.approx(0.3, abs=0.03)
+    assert counts[None] / 4000 == pytest.approx(0.1, abs=0.02)
+    truncated = [s for s in samples if extract(s.text, "number") is None]
+    assert all(s.finish_reason == "length" for s in truncated)
+    assert engine.stats.samples == 4000 and engine.stats.requests == 1
+
+
+def test_a_request_seed_makes_its_draws_repeatable() -> None:
+    engine = ReplayEngine(DATA)
+    params = SamplingParams(seed=11)
+    first = _run(engine.generate(_request("q-split", n=20, params=params)))
+    again = _run(engine.generate(_request("q-split", n=20, params=params)))
+    assert [s.text for s in first] == [s.text for s in again]
+
+
+@pytest.mark.parametrize(
+    "kind,pattern",
+    [
+        ("math", r"\\boxed\{42\}"),
+        ("choice", r"Answer: \(42\)$"),
+        ("number", r"the answer is 42\.$"),
+        ("exact", r"^42$"),
+        ("regex", r"\nAnswer: 42$"),
+    ],
+)
+def test_rendering_per_answer_kind(kind: str, pattern: str) -> None:
+    text, finish = render("42", kind)
+    assert re.search(pattern, text) and finish == "stop"
+    if kind in ("math", "number", "exact"):
+        assert extract(text, kind) == "42"
+
+
+def test_capacity_limits_sequences_in_flight() -> None:
+    engine = ReplayEngine(DATA, latency=LatencyModel(fixed=0.01, max_concurrent_sequences=4))
+
+    async def burst() -> None:
+        await asyncio.gather(*(engine.generate(_request(n=2)) for _ in range(10)))
+
+    _run(burst())
+    assert engine.stats.max_sequences_in_flight == 4
+    assert engine.stats.samples == 20 and engine.stats.sequences_in_flight == 0
+
+
+def test_fault_rates_are_roughly_as_configured() -> None:
+    engine = ReplayEngine(DATA, faults=FaultConfig(error_rate=0.2, drop_rate=0.1))
+    outcomes: Counter[str] = Counter()
+
+    async def many() -> None:
+        for _ in range(2000):
+            try:
+                await engine.generate(_request())
+                outcomes["ok"] += 1
+            except EngineUnavailable as exc:
+                outcomes["dropped" if "dropped" in str(exc) else "error"] += 1
+
+    _run(many())
+    assert outcomes["error"] / 2000 == pytest.approx(0.2, abs=0.03)
+    assert outcomes["dropped"] / 2000 == pytest.approx(0.1, abs=0.03)
+    assert engine.stats.samples == outcomes["ok"] and engine.stats.in_flight == 0
+
+
+def test_injected_timeout_honours_the_deadline() -> None:
+    engine = ReplayEngine(DATA, faults=FaultConfig(timeout_rate=1.0))
+    with pytest.raises(EngineTimeout):
+        _run(engine.generate(_request(timeout=0.01)))
+
+
+def test_cancellation_releases_capacity() -> None:
+    engine = ReplayEngine(DATA, latency=LatencyModel(fixed=60, max_concurrent_sequences=2))
+
+    async def scenario() -> None:
+        stuck = asyncio.ensure_future(engine.generate(_request(n=2)))
+        while engine.stats.sequences_in_flight < 2:
+            await asyncio.sleep(0)
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        fast = ReplayEngine(DATA)
+        assert await fast.generate(_request())
+        engine.latency = LatencyModel(max_concurrent_sequences=2)
+        assert len(await engine.generate(_request(n=2))) == 2
+
+    _run(scenario())
+    assert engine.stats.in_flight == 0 and engine.stats.sequences_in_flight == 0
+
+
+def test_bad_data(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "answers": ["1"]}\n{broken\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        ReplayEngine(bad)
+    with pytest.raises(ValueError, match="no answers list"):
+        ReplayEngine([{"id": "a", "answers": []}])
