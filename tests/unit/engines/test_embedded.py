@@ -1,0 +1,58 @@
+import hashlib
+import importlib
+from pathlib import Path
+
+import pytest
+from blendserve.engines.embedded import MODELS, ModelSpec, ensure_model
+from blendserve.errors import EngineUnavailable
+
+
+def _fake_parts(root: Path, monkeypatch: pytest.MonkeyPatch, prefix: str) -> bytes:
+    content = b""
+    for i in (1, 2):
+        data = root / f"{prefix}{i}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("")
+        piece = f"piece {i} ".encode() * 1000
+        (data / f"part{i:02d}.bin").write_bytes(piece)
+        content += piece
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    return content
+
+
+def _spec(prefix: str, sha256: str) -> dict[str, ModelSpec]:
+    parts = tuple((f"{prefix}{i}", f"data/part{i:02d}.bin") for i in (1, 2))
+    return {"tiny": ModelSpec("tiny.gguf", parts, sha256, "pip install tiny-model")}
+
+
+def test_parts_are_joined_in_order_and_verified_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    content = _fake_parts(tmp_path / "site", monkeypatch, "tinyparts_ok")
+    models = _spec("tinyparts_ok", hashlib.sha256(content).hexdigest())
+    path = ensure_model("tiny", tmp_path / "cache", models)
+    assert path.read_bytes() == content
+    # The verified file is reused without reading the parts again.
+    (tmp_path / "site" / "tinyparts_ok1" / "data" / "part01.bin").unlink()
+    assert ensure_model("tiny", tmp_path / "cache", models) == path
+
+
+def test_checksum_mismatch_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_parts(tmp_path / "site", monkeypatch, "tinyparts_bad")
+    with pytest.raises(EngineUnavailable, match=r"failed its checksum.*pip install tiny-model"):
+        ensure_model("tiny", tmp_path / "cache", _spec("tinyparts_bad", "0" * 64))
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_missing_package_names_what_to_install(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match=r"not installed.*pip install tiny-model"):
+        ensure_model("tiny", tmp_path, _spec("no_such_package_part", "0" * 64))
+
+
+def test_unknown_model(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match="unknown embedded model"):
+        ensure_model("giant", tmp_path)
+    assert "qwen2.5-coder-0.5b" in MODELS
