@@ -1,0 +1,130 @@
+"""The embedded default end to end: a real llama.cpp server with Qwen2.5-Coder-0.5B on loopback.
+
+Slow by nature (a 0.5B model on the CPU): one server for the module, few short samples.
+"""
+
+import asyncio
+import socket
+import tempfile
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from blendserve.answers import extract
+from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines.embedded import EmbeddedLlamaServer, ensure_model
+from blendserve.engines.openai import OpenAIEngine
+from blendserve.service import Settings, create_app
+
+from tests.support.live import LiveServer
+
+T = TypeVar("T")
+QUESTIONS = [
+    ("Tom has 3 apples and buys 4 more. How many apples does he have?", "7"),
+    ("A box holds 6 eggs. How many eggs are in 5 boxes?", "30"),
+    ("Sara had 20 dollars and spent 8. How many dollars are left?", "12"),
+    ("There are 9 birds and 5 fly away. How many birds remain?", "4"),
+    ("A pen costs 2 dollars. How much do 7 pens cost in dollars?", "14"),
+]
+INSTRUCTION = " Think briefly, then end with 'The answer is N.'"
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout: float = 240) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedLlamaServer]:
+    cache = Path(tempfile.gettempdir()) / "blendserve-models"
+    live = EmbeddedLlamaServer(ensure_model("qwen2.5-coder-0.5b", cache), n_ctx=2048)
+    _run(live.start())
+    yield live
+    _run(live.aclose())
+    assert not live.running
+
+
+def _ask(
+    question: str, n: int = 1, max_tokens: int = 160, question_id: str | None = None, **params: Any
+) -> GenerateRequest:
+    return GenerateRequest(
+        messages=[{"role": "user", "content": question + INSTRUCTION}],
+        n=n,
+        params=SamplingParams(max_tokens=max_tokens, **params),
+        question_id=question_id,
+    )
+
+
+def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -> None:
+    async def scenario() -> list[str]:
+        async with OpenAIEngine([server.base_url], timeout=120) as engine:
+            samples = await engine.generate(_ask(QUESTIONS[0][0], n=4, temperature=1.0, seed=1))
+            return [s.text for s in samples]
+
+    texts = _run(scenario())
+    assert len(texts) == 4
+    assert len(set(texts)) >= 2  # llama.cpp ignores n: distinct seeds give distinct samples
+
+
+def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
+    async def scenario() -> list[str | None]:
+        async with OpenAIEngine([server.base_url], timeout=120) as engine:
+            found = []
+            for question, _ in QUESTIONS:
+                (sample,) = await engine.generate(_ask(question, temperature=0.2, seed=3))
+                found.append(extract(sample.text, "number"))
+            return found
+
+    found = _run(scenario())
+    assert sum(answer is not None for answer in found) >= 4, found
+
+
+def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
+    async def scenario() -> None:
+        async with OpenAIEngine([server.base_url], timeout=120) as engine:
+            long = _ask("Write the numbers from 1 to 3000, one per line.", max_tokens=1500)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(engine.generate(long), timeout=2)
+            short = _ask(QUESTIONS[1][0], max_tokens=40, temperature=0.0)
+            # 1,500 tokens at ~45 tokens/s would hold the server for half a minute.
+            (sample,) = await asyncio.wait_for(engine.generate(short), timeout=25)
+            assert sample.text
+
+    _run(scenario())
+    assert server.running
+
+
+def test_a_dead_replica_is_retried_on_the_live_one(server: EmbeddedLlamaServer) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+    async def scenario() -> int:
+        async with OpenAIEngine([dead, server.base_url], timeout=120, backoff_base=0.01) as engine:
+            results = [
+                await engine.generate(_ask(q, max_tokens=24, seed=i, question_id=str(i)))
+                for i, (q, _) in enumerate(QUESTIONS[:3])
+            ]
+            return sum(len(r) for r in results)
+
+    assert _run(scenario()) == 3
+
+
+def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
+    async def factory() -> OpenAIEngine:
+        return OpenAIEngine([server.base_url], timeout=120)
+
+    app = create_app(Settings(default_concurrency=2), engine_factory=factory)
+    with LiveServer(app) as live:
+        body = {
+            "questions": [{"id": str(i), "messages": [{"role": "user", "content": q + INSTRUCTION}]}
+                          for i, (q, _) in enumerate(QUESTIONS[:2])],
+            "budget": 6,
+            "answer": {"kind": "number"},
+            "sampling": {"temperature": 0.7, "max_tokens": 120},
+        }  # fmt: skip
+        result = httpx.post(f"{live.url}/solve", json=body, timeout=240).json()
+    assert result["status"] == "completed"
+    assert result["budget"]["spent"] == 6 and result["usage"]["completion_tokens"] > 0
+    assert all(a["samples"] >= 1 for a in result["answers"])
