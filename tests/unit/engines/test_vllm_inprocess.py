@@ -1,7 +1,6 @@
 import sys
 
 import pytest
-
 from blendserve.errors import EngineUnavailable
 
 
