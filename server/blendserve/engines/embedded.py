@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.resources
+import importlib.util
 import os
 import signal
 import socket
@@ -182,13 +183,11 @@ class EmbeddedLlamaServer:
             EngineUnavailable: llama-cpp-python is missing, or the server exited
                 or did not answer in time (with its last output).
         """
-        try:
-            import llama_cpp.server  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("llama_cpp") is None:
             raise EngineUnavailable(
                 "the embedded default needs llama-cpp-python's server: "
                 "pip install 'blendserve[embedded]', or run with --upstream URL"
-            ) from None
+            )
         self.port = _free_port()
         # Kept open for the server's lifetime; closed (and deleted) by aclose().
         self._log = tempfile.NamedTemporaryFile(prefix="blendserve-llama-", suffix=".log")  # noqa: SIM115
@@ -288,4 +287,5 @@ async def create_embedded_engine(
     path = await asyncio.to_thread(ensure_model, model, cache)
     server = EmbeddedLlamaServer(path, n_ctx=n_ctx)
     await server.start()
-    return EmbeddedEngine(server, OpenAIEngine([server.base_url], timeout=timeout))
+    # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
+    return EmbeddedEngine(server, OpenAIEngine([server.base_url], timeout=timeout, stream=True))

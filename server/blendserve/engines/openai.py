@@ -135,6 +135,7 @@ class OpenAIEngine(Engine):
         failure_threshold: int = 3,
         probe_interval: float = 2.0,
         affinity_slack: int = 4,
+        stream: bool = False,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
@@ -162,6 +163,7 @@ class OpenAIEngine(Engine):
         self._max_retries = max_retries
         self._backoff_base = backoff_base
         self._n_support = n_support
+        self._stream = stream
         self._probe_interval = probe_interval
         self._rng = random.Random()
         self._probe_task: asyncio.Task[None] | None = None
@@ -296,6 +298,9 @@ class OpenAIEngine(Engine):
             payload["n"] = want
         if seed is not None:
             payload["seed"] = seed
+        if self._stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
         encoded = _encode(payload)
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
@@ -307,7 +312,9 @@ class OpenAIEngine(Engine):
             wait: float | None = None
             try:
                 try:
-                    response = await self._pool.post(replica.url, path, encoded)
+                    response = await self._pool.post(
+                        replica.url, path, encoded, collect_stream=self._stream
+                    )
                 finally:
                     self._replicas.release(replica, want)
             except httpx.TransportError as exc:
@@ -480,8 +487,14 @@ class _Pool:
             parsed = self._urls[url] = httpx.URL(url)
         return parsed
 
-    async def post(self, base: str, path: str, body: bytes) -> httpx.Response:
-        """POSTs a JSON body to ``base + path``; the response is read in full."""
+    async def post(
+        self, base: str, path: str, body: bytes, collect_stream: bool = False
+    ) -> httpx.Response:
+        """POSTs a JSON body to ``base + path``; the response is read in full.
+
+        With ``collect_stream``, a 2xx event stream is read chunk by chunk and
+        returned as the equivalent non-streamed JSON response.
+        """
         request = httpx.Request(
             "POST",
             self._url(base + path),
@@ -489,7 +502,7 @@ class _Pool:
             headers=self._post_headers,
             extensions=self._timeout,
         )
-        return await self._send(base, request)
+        return await self._send(base, request, collect_stream)
 
     async def get(self, base: str, path: str, timeout: float) -> httpx.Response:
         """GETs with ``timeout`` on every phase; the response is read in full."""
@@ -499,16 +512,23 @@ class _Pool:
         )
         return await self._send(base, request)
 
-    async def _send(self, base: str, request: httpx.Request) -> httpx.Response:
+    async def _send(
+        self, base: str, request: httpx.Request, collect_stream: bool = False
+    ) -> httpx.Response:
         busy = self._busy[base]
         shard = min(range(len(busy)), key=busy.__getitem__)
         busy[shard] += 1
         try:
-            response = await self._shards[base][shard].handle_async_request(request)
+            raw = await self._shards[base][shard].handle_async_request(request)
             try:
-                await response.aread()
+                if collect_stream and raw.is_success:
+                    # Closing mid-stream (cancellation) makes the upstream stop generating.
+                    response = httpx.Response(200, json=await _collect_events(raw))
+                else:
+                    await raw.aread()
+                    response = raw
             finally:
-                await response.aclose()
+                await raw.aclose()
         finally:
             busy[shard] -= 1
         response.request = request
@@ -606,6 +626,42 @@ def _samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
             )
         )
     return samples
+
+
+async def _collect_events(response: httpx.Response) -> dict[str, Any]:
+    """Assembles a streamed completion (server-sent chunks) into the non-streamed shape."""
+    texts: dict[int, list[str]] = {}
+    finish: dict[int, Any] = {}
+    usage: Any = None
+    num_chunks = 0
+    chat = False
+    async for line in response.aiter_lines():
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        try:
+            chunk = json.loads(line[5:])
+        except ValueError as exc:
+            raise EngineProtocolError(f"stream chunk is not JSON: {line[:200]!r}") from exc
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            index = choice.get("index", 0)
+            delta = choice.get("delta")
+            chat = chat or isinstance(delta, dict)
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if piece:
+                texts.setdefault(index, []).append(piece)
+                num_chunks += 1
+            else:
+                texts.setdefault(index, [])
+            if choice.get("finish_reason") is not None:
+                finish[index] = choice["finish_reason"]
+    choices = []
+    for index in sorted(texts):
+        text = "".join(texts[index])
+        body: dict[str, Any] = {"message": {"content": text}} if chat else {"text": text}
+        choices.append({"index": index, "finish_reason": finish.get(index), **body})
+    # An upstream without stream usage: a content chunk is about one token.
+    return {"choices": choices, "usage": usage or {"completion_tokens": num_chunks}}
 
 
 def _encode(payload: dict[str, Any]) -> bytes:

@@ -474,3 +474,37 @@ def test_a_cancellation_racing_with_completion_is_not_swallowed() -> None:
         return [await attempt(spins) for spins in range(8)]
 
     assert all(_run(main()))
+
+
+def test_stream_mode_assembles_chunks_and_counts_tokens() -> None:
+    import json as _json
+
+    import httpx as _httpx
+    from blendserve.engines import GenerateRequest as _Request
+    from blendserve.engines.openai import OpenAIEngine as _Engine
+
+    seen: list[dict[str, object]] = []
+
+    def handler(request: _httpx.Request) -> _httpx.Response:
+        seen.append(_json.loads(request.content))
+        chunks = [
+            {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+            {"choices": [{"index": 0, "delta": {"content": "The answer "}}]},
+            {"choices": [{"index": 0, "delta": {"content": "is 4."}, "finish_reason": "stop"}]},
+        ]
+        body = "".join(f"data: {_json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return _httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async def scenario() -> list[object]:
+        engine = _Engine(["http://up/v1"], transport=_httpx.MockTransport(handler), stream=True)
+        try:
+            return list(
+                await engine.generate(_Request(messages=[{"role": "user", "content": "q"}]))
+            )
+        finally:
+            await engine.aclose()
+
+    (sample,) = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert seen[0]["stream"] is True
+    assert sample.text == "The answer is 4."  # type: ignore[attr-defined]
+    assert sample.finish_reason == "stop" and sample.completion_tokens == 2  # type: ignore[attr-defined]
