@@ -56,7 +56,8 @@ class FakeEngine(Engine):
             for _ in range(request.n):
                 answer = self.rng.choices(answers, weights)[0]
                 self.served.append((request.question_id, answer))
-                samples.append(Sample(f"so it is {answer}", "stop", 5, 4, "fake"))
+                finish = "length" if answer == "cut" else "stop"
+                samples.append(Sample(f"so it is {answer}", finish, 5, 4, "fake"))
             return samples
         except asyncio.CancelledError:
             self.cancelled += 1

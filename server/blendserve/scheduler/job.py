@@ -217,7 +217,9 @@ class Job:
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
         state = self._states[q]
         for sample in samples[:requested]:
-            answer, key = await self.keyer(sample.text)
+            # A sample cut at max_tokens is truncated: it must not vote.
+            truncated = sample.finish_reason == "length"
+            answer, key = (None, None) if truncated else await self.keyer(sample.text)
             if key is not None and key not in state.answers:
                 state.answers[key] = answer if answer is not None else key
                 state.completions[key] = sample.text

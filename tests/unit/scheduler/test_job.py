@@ -127,3 +127,11 @@ def test_closing_the_event_stream_cancels_every_request_in_flight() -> None:
 def test_job_needs_questions() -> None:
     with pytest.raises(ValueError, match="at least one question"):
         Job(JobSpec([], budget=1), FakeEngine({}), last_word)
+
+
+def test_truncated_samples_do_not_vote() -> None:
+    engine = FakeEngine({"q": [("cut", 0.5), ("7", 0.5)]}, seed=4)
+    events = _run(_events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word)))
+    (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
+    assert "cut" not in answer.votes and answer.samples == 20
+    assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
