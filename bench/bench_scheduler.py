@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument(
         "--blend-per-question",
         type=float,
-        default=12.0,
+        default=16.0,
         help="Blend-ASC budget matching SC@64 (from blendserve simulate)",
     )
     args = parser.parse_args()

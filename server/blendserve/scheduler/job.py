@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,7 @@ class Job:
         # task -> (question index, samples requested)
         in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
         failures = 0
+        swept = False  # every question checked once the budget ran out
         error: str | None = None
         try:
             while True:
@@ -150,13 +151,20 @@ class Job:
                         if error is None and failures >= self.spec.max_consecutive_failures:
                             error = f"engine failed {failures} times in a row: {exc}"
                     if error is None:
-                        for event in self._final_answers():
+                        # Only q changed, unless the budget ran out: then all may be final.
+                        if self.policy.num_remaining == 0 and not swept:
+                            swept = True
+                            candidates: Iterable[int] = range(len(self._states))
+                        else:
+                            candidates = (q,)
+                        for event in self._final_answers(candidates):
                             yield event
                 now = loop.time()
                 if now - last_progress >= self.spec.progress_interval:
                     last_progress = now
                     yield self._progress()
-            for event in self._final_answers(everything=True, partial=error is not None):
+            everyone = range(len(self._states))
+            for event in self._final_answers(everyone, everything=True, partial=error is not None):
                 yield event
             self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
             yield DoneEvent(
@@ -229,10 +237,13 @@ class Job:
         for _ in range(requested - min(requested, len(samples))):
             self.policy.cancel(q)  # an engine that returned too few: refund, never lose
 
-    def _final_answers(self, everything: bool = False, partial: bool = False) -> list[AnswerEvent]:
+    def _final_answers(
+        self, candidates: Iterable[int], everything: bool = False, partial: bool = False
+    ) -> list[AnswerEvent]:
         events = []
         policy = self.policy
-        for q, state in enumerate(self._states):
+        for q in candidates:
+            state = self._states[q]
             if state.answered or policy.num_pending_of[q]:
                 continue
             if everything or policy.is_finished(q):
