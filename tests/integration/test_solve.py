@@ -155,6 +155,18 @@ def test_client_disconnect_cancels_upstream_work() -> None:
         assert engine.in_flight == 0 and engine.cancelled > 0
 
 
+def test_a_gone_client_cancels_a_non_streamed_job_within_a_second() -> None:
+    engine = FakeEngine(DISTRIBUTIONS, stall=True)
+    with _serve(engine) as live:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{live.url}/solve", json={"questions": QUESTIONS, "budget": 30}, timeout=1)
+        left = time.monotonic()
+        while engine.in_flight and time.monotonic() < left + 5:
+            time.sleep(0.01)
+        assert engine.in_flight == 0 and engine.cancelled > 0
+        assert time.monotonic() - left < 1
+
+
 def test_sync_client_solve_and_stream(server: LiveServer) -> None:
     with Client(server.url) as client:
         result = client.solve(QUESTIONS, budget=30, answer="number")

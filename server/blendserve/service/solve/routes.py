@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+import asyncio
 
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from blendserve.scheduler import Job
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
 
 __all__ = ["router"]
 
 router = APIRouter()
+_DISCONNECT_POLL_S = 0.2  # a gone client's samples stop within this
 
 
 @router.post(
@@ -23,7 +27,7 @@ router = APIRouter()
         }
     },
 )
-async def solve(body: SolveRequest, request: Request) -> SolveResponse | StreamingResponse:
+async def solve(body: SolveRequest, request: Request) -> SolveResponse | Response:
     """Answers every question by adaptive self-consistency within one budget.
 
     Streams server-sent events (``answer`` per question as it settles,
@@ -41,4 +45,20 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Streami
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await collect(job)
+    return await _collect_while_connected(job, request)
+
+
+async def _collect_while_connected(job: Job, request: Request) -> SolveResponse | Response:
+    """Runs the job to the end; a client that went away cancels it (and its samples)."""
+    task = asyncio.ensure_future(collect(job))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return Response(status_code=499)
+    finally:
+        task.cancel()
