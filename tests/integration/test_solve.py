@@ -1,4 +1,4 @@
-"""``POST /solve`` end to end: a real uvicorn server on loopback over a fake engine."""
+"""``POST /solve`` end to end: a real uvicorn server on loopback over the replay engine."""
 
 import json
 import subprocess
@@ -10,34 +10,39 @@ from typing import Any
 
 import httpx
 import pytest
+from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.service import Settings, create_app
 from blendserve_client import Answer, APIError, AsyncClient, Client, Progress, SolveResult
 
-from tests.support.fake_engine import FakeEngine
 from tests.support.live import LiveServer
 
-DISTRIBUTIONS = {
-    "easy": [("42", 0.9), ("41", 0.1)],
-    "split": [("7", 0.6), ("8", 0.4)],
-    "sure": [("3", 1.0)],
-}
-QUESTIONS = [{"id": qid, "prompt": f"question {qid}"} for qid in DISTRIBUTIONS]
+RECORDS = [
+    {"id": "easy", "answers": ["42"] * 9 + ["41"]},
+    {"id": "split", "answers": ["7"] * 6 + ["8"] * 4},
+    {"id": "sure", "answers": ["3"] * 10},
+    {"id": "0", "answers": ["1"]},
+]
+QUESTIONS = [{"id": r["id"], "prompt": f"question {r['id']}"} for r in RECORDS[:3]]
 
 
-def _serve(engine: FakeEngine) -> LiveServer:
-    async def factory() -> FakeEngine:
+def _serve(engine: ReplayEngine) -> LiveServer:
+    async def factory() -> ReplayEngine:
         return engine
 
     return LiveServer(create_app(Settings(default_concurrency=4), engine_factory=factory))
 
 
 @pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine({**DISTRIBUTIONS, "0": [("1", 1.0)]}, seed=5)
+def engine() -> ReplayEngine:
+    return ReplayEngine(RECORDS, seed=5)
+
+
+def _stalled() -> ReplayEngine:
+    return ReplayEngine(RECORDS, latency=LatencyModel(fixed=60))
 
 
 @pytest.fixture
-def server(engine: FakeEngine) -> Iterator[LiveServer]:
+def server(engine: ReplayEngine) -> Iterator[LiveServer]:
     with _serve(engine) as live:
         yield live
 
@@ -47,18 +52,18 @@ def _solve(url: str, **body: Any) -> httpx.Response:
     return httpx.post(f"{url}/solve", json=payload, timeout=30)
 
 
-def test_json_answers_and_budget_accounting(server: LiveServer, engine: FakeEngine) -> None:
+def test_json_answers_and_budget_accounting(server: LiveServer, engine: ReplayEngine) -> None:
     response = _solve(server.url, budget=45)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "completed"
     assert [a["id"] for a in body["answers"]] == ["easy", "split", "sure"]
     assert body["budget"] == {"total": 45, "spent": 45, "unspent": 0}
-    assert body["usage"]["samples"] == 45 == len(engine.served)
+    assert body["usage"]["samples"] == 45 == engine.stats.samples
     assert sum(a["samples"] for a in body["answers"]) == 45
     sure = body["answers"][2]
     assert sure["answer"] == "3" and sure["votes"] == {"3": sure["samples"]}
-    assert sure["completion"] == "so it is 3"
+    assert sure["completion"].endswith("the answer is 3.")
     assert 0 < sure["confidence"]["asc"] < 0.01 and sure["confidence"]["share"] == 1.0
     assert body["answers"][0]["answer"] == "42"
 
@@ -85,7 +90,7 @@ def _sse(url: str, **body: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_stream_sends_each_answer_once_then_done() -> None:
-    with _serve(FakeEngine(DISTRIBUTIONS, latency=0.005)) as server:
+    with _serve(ReplayEngine(RECORDS, latency=LatencyModel(fixed=0.005))) as server:
         events = _sse(server.url, budget=300, settle_delta=0.01)
     names = [name for name, _ in events]
     assert names[-1] == "done" and names.count("done") == 1
@@ -136,34 +141,36 @@ def test_bad_requests_are_422_with_the_field(
 
 def test_health_and_models(server: LiveServer) -> None:
     health = httpx.get(f"{server.url}/health").json()
-    assert health == {"status": "ok", "engine": "fake", "upstreams": {"fake": True}}
-    assert httpx.get(f"{server.url}/v1/models").json() == {"object": "list", "data": []}
+    assert health == {"status": "ok", "engine": "replay", "upstreams": {"replay": True}}
+    models = httpx.get(f"{server.url}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "replay"
 
 
 def test_client_disconnect_cancels_upstream_work() -> None:
-    engine = FakeEngine(DISTRIBUTIONS, stall=True)
+    engine = _stalled()
     with _serve(engine) as live:
         payload = {"questions": QUESTIONS, "budget": 30, "stream": True}
         with httpx.stream("POST", f"{live.url}/solve", json=payload, timeout=30):
             deadline = time.monotonic() + 10
-            while not engine.in_flight and time.monotonic() < deadline:
+            while not engine.stats.in_flight and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert engine.in_flight > 0
+            assert engine.stats.in_flight > 0
         deadline = time.monotonic() + 5
-        while engine.in_flight and time.monotonic() < deadline:
+        while engine.stats.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert engine.in_flight == 0 and engine.cancelled > 0
+        assert engine.stats.in_flight == 0 and engine.stats.samples == 0
 
 
 def test_a_gone_client_cancels_a_non_streamed_job_within_a_second() -> None:
-    engine = FakeEngine(DISTRIBUTIONS, stall=True)
+    engine = _stalled()
     with _serve(engine) as live:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{live.url}/solve", json={"questions": QUESTIONS, "budget": 30}, timeout=1)
+        assert engine.stats.requests > 0
         left = time.monotonic()
-        while engine.in_flight and time.monotonic() < left + 5:
+        while engine.stats.in_flight and time.monotonic() < left + 5:
             time.sleep(0.01)
-        assert engine.in_flight == 0 and engine.cancelled > 0
+        assert engine.stats.in_flight == 0 and engine.stats.samples == 0
         assert time.monotonic() - left < 1
 
 
