@@ -25,6 +25,7 @@ class LiveServer:
             access_log=False, timeout_graceful_shutdown=2,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
+        self.app = app
         self.timeout = timeout
         self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
         self.url = ""

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Engine", "EngineHealth", "GenerateRequest", "Sample", "SamplingParams"]
+__all__ = [
+    "Engine",
+    "EngineHealth",
+    "GenerateRequest",
+    "Sample",
+    "SamplingParams",
+    "UpstreamReply",
+]
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,22 @@ class EngineHealth:
     upstreams: Mapping[str, bool] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UpstreamReply:
+    """An upstream's reply to a forwarded request, passed on as it arrives.
+
+    Attributes:
+        status: the upstream's HTTP status.
+        content_type: its ``Content-Type``.
+        body: the body's bytes as they arrive; closing it (or reading it to
+            the end) releases the upstream request.
+    """
+
+    status: int
+    content_type: str
+    body: AsyncIterator[bytes]
+
+
 class Engine(ABC):
     """Produces samples. Cancelling ``generate`` cancels the work upstream.
 
@@ -126,6 +149,14 @@ class Engine(ABC):
     async def models(self) -> list[str]:
         """Model names the engine serves."""
         return []
+
+    async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
+        """Sends an OpenAI request body to ``{upstream}/v1{path}`` unchanged.
+
+        For requests that turn self-consistency off. None: this engine has no
+        OpenAI upstream (the service then answers from :meth:`generate`).
+        """
+        return None
 
     async def aclose(self) -> None:
         """Releases connections, processes and engine state."""

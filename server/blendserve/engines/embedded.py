@@ -22,12 +22,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineUnavailable
 
@@ -253,6 +255,10 @@ class EmbeddedEngine(Engine):
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Samples from the local model (``n`` split into seeded requests)."""
         return await self.inner.generate(request)
+
+    async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
+        """Forwards to the local llama.cpp server."""
+        return await self.inner.forward(path, body)
 
     async def health(self) -> EngineHealth:
         """Healthy while the subprocess lives and the upstream is healthy."""

@@ -44,14 +44,14 @@ import logging
 import math
 import random
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import httpx
 
 from blendserve.engines._replicas import Replica, ReplicaSet
-from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
@@ -369,6 +369,55 @@ class OpenAIEngine(Engine):
             replica.n_honoured = len(samples) == want
         return samples
 
+    # -- passthrough -------------------------------------------------------------
+
+    async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply:
+        """Sends ``body`` to one replica's ``path`` as is and passes its reply on.
+
+        A replica that cannot be reached is failed over before any byte comes
+        back; the reply itself, errors included, is the upstream's.
+
+        Raises:
+            EngineUnavailable: no replica could be reached.
+            RequestValidationError: ``path`` is not a completions path.
+        """
+        if path not in (_CHAT, _COMPLETIONS):
+            raise RequestValidationError(f"cannot forward {path!r}", param="path")
+        if self._closed:
+            raise EngineUnavailable("the engine is closed")
+        encoded = _encode(dict(body))
+        tried: list[Replica] = []
+        last: Exception | None = None
+        while (replica := self._replicas.acquire(None, 1, tried)) is not None:
+            if replica in tried:
+                self._replicas.release(replica)
+                break
+            tried.append(replica)
+            try:
+                raw, shard = await self._pool.open(replica.url, path, encoded)
+            except httpx.HTTPError as exc:
+                self._replicas.release(replica)
+                self._failed(replica)
+                last = exc
+                continue
+            return UpstreamReply(
+                raw.status_code,
+                raw.headers.get("content-type", "application/json"),
+                self._relay(raw, replica, shard),
+            )
+        raise EngineUnavailable(f"no upstream could take the request: {last}") from last
+
+    async def _relay(
+        self, raw: httpx.Response, replica: Replica, shard: int
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in raw.aiter_raw():
+                yield chunk
+        finally:
+            await raw.aclose()
+            self._pool.done(replica.url, shard)
+            self._replicas.release(replica)
+
     # -- health ------------------------------------------------------------------
 
     def _failed(self, replica: Replica) -> None:
@@ -503,6 +552,30 @@ class _Pool:
             extensions=self._timeout,
         )
         return await self._send(base, request, collect_stream)
+
+    async def open(self, base: str, path: str, body: bytes) -> tuple[httpx.Response, int]:
+        """POSTs; returns the response unread and the shard to give to :meth:`done`."""
+        request = httpx.Request(
+            "POST",
+            self._url(base + path),
+            content=body,
+            headers=self._post_headers,
+            extensions=self._timeout,
+        )
+        busy = self._busy[base]
+        shard = min(range(len(busy)), key=busy.__getitem__)
+        busy[shard] += 1
+        try:
+            response = await self._shards[base][shard].handle_async_request(request)
+        except BaseException:
+            busy[shard] -= 1
+            raise
+        response.request = request
+        return response, shard
+
+    def done(self, base: str, shard: int) -> None:
+        """Ends what :meth:`open` started, once its response is closed."""
+        self._busy[base][shard] -= 1
 
     async def get(self, base: str, path: str, timeout: float) -> httpx.Response:
         """GETs with ``timeout`` on every phase; the response is read in full."""

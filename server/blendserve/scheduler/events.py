@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 __all__ = ["AnswerEvent", "Confidence", "DoneEvent", "Event", "JobStatus", "ProgressEvent", "Usage"]
@@ -69,6 +69,9 @@ class AnswerEvent:
         completion: one sampled completion whose answer is the winner.
         usage: tokens spent on this question.
         partial: the job failed before this question got all it would have.
+        candidates: every voted key, the winner first, then by votes,
+            -> (its answer, one completion with it).
+        abstained: the last completion that had no answer (shown when none had one).
     """
 
     index: int
@@ -82,6 +85,8 @@ class AnswerEvent:
     completion: str | None
     usage: Usage
     partial: bool = False
+    candidates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    abstained: str | None = None
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class _QuestionState:
     completions: dict[str, str] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     answered: bool = False
+    abstained: str | None = None  # the last completion with no answer
 
 
 class Job:
@@ -119,6 +120,19 @@ class Job:
         self._states = [_QuestionState() for _ in spec.questions]
         self._usage = Usage()
         self._num_answered = 0
+        # task -> (question index, samples requested)
+        self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+
+    def abandon(self, q: int) -> None:
+        """Stops sampling question ``q`` (its caller went away) and cancels its requests.
+
+        The rest of the job goes on; ``q`` still gets an answer event from the
+        samples it has.
+        """
+        self.policy.stop(q)
+        for task, (question, _) in self._in_flight.items():
+            if question == q:
+                task.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
         """Runs the job, yielding answers as they settle, progress, and a final summary."""
@@ -126,8 +140,7 @@ class Job:
         loop = asyncio.get_running_loop()
         started = loop.time()
         last_progress = -math.inf
-        # task -> (question index, samples requested)
-        in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+        in_flight = self._in_flight
         failures = 0
         swept = False  # every question checked once the budget ran out
         error: str | None = None
@@ -140,8 +153,11 @@ class Job:
                 done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     q, n = in_flight.pop(task)
-                    exc = task.exception()
-                    if exc is None:
+                    exc = None if task.cancelled() else task.exception()
+                    if task.cancelled():  # abandoned: refund, not a failure
+                        for _ in range(n):
+                            self.policy.cancel(q)
+                    elif exc is None:
                         failures = 0
                         await self._record(q, task.result(), n)
                     else:  # EngineError, or an engine's bug: refund, retry, give up eventually
@@ -228,7 +244,9 @@ class Job:
             # A sample cut at max_tokens is truncated: it must not vote.
             truncated = sample.finish_reason == "length"
             answer, key = (None, None) if truncated else await self.keyer(sample.text)
-            if key is not None and key not in state.answers:
+            if key is None:
+                state.abstained = sample.text
+            elif key not in state.answers:
                 state.answers[key] = answer if answer is not None else key
                 state.completions[key] = sample.text
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
@@ -274,6 +292,11 @@ class Job:
             completion=state.completions.get(str(key)) if key is not None else None,
             usage=state.usage,
             partial=partial,
+            candidates={
+                str(k): (state.answers[str(k)], state.completions[str(k)])
+                for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
+            },
+            abstained=state.abstained,
         )
 
     def _progress(self) -> ProgressEvent:

@@ -12,7 +12,10 @@ from blendserve import __version__, answers
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
+from blendserve.service.openai.grouping import Grouper
+from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.settings import Settings
+from blendserve.service.solve.handlers import make_keyer
 from blendserve.service.solve.routes import router as solve_router
 from blendserve.service.system.routes import router as system_router
 
@@ -39,11 +42,19 @@ def create_app(
         engine = await make_engine()
         app.state.engine = engine
         app.state.settings = settings
+        app.state.grouper = grouper = Grouper(
+            engine,
+            make_keyer,
+            wait=settings.group_wait_ms / 1000,
+            max_questions=settings.group_max,
+            concurrency=settings.default_concurrency,
+        )
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
         try:
             yield
         finally:
+            await grouper.aclose()
             await engine.aclose()
             await asyncio.gather(warming, return_exceptions=True)
 
@@ -51,4 +62,5 @@ def create_app(
     install_error_handlers(app)
     app.include_router(system_router)
     app.include_router(solve_router)
+    app.include_router(openai_router)
     return app

@@ -16,7 +16,7 @@ __all__ = ["add_parser", "run"]
 # flags that override the Settings field of the same name
 _FLAGS = (
     "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
-    "log_level",
+    "log_level", "group_wait_ms", "group_max", "sc_budget_per_question", "sc_policy",
 )  # fmt: skip
 
 
@@ -38,6 +38,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--log-level")
+    parser.add_argument(
+        "--group-wait-ms", type=float, help="/v1 requests gathered into one job (default 50)"
+    )
+    parser.add_argument("--group-max", type=int, help="questions that start a group (256)")
+    parser.add_argument(
+        "--sc-budget-per-question", type=float, help="/v1 samples per question (default 8)"
+    )
+    parser.add_argument("--sc-policy", help="/v1 allocation policy (default blend)")
     parser.set_defaults(handler=run)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -33,6 +33,13 @@ class Settings(BaseSettings):
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
     vllm_model: str | None = None
     default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
+    # The OpenAI-compatible routes: self-consistency defaults and request grouping.
+    sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")
+    sc_policy: str = "blend"
+    sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
+    sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
+    group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
 
     @field_validator("upstreams", mode="before")

@@ -205,6 +205,10 @@ class AllocationPolicy(ABC):
         self._clear(q, _CHOSEN)
         return granted
 
+    def stop(self, q: int) -> None:
+        """Gives ``q`` no more samples (its caller went away); those in flight still count."""
+        self._set(q, _FINISHED)
+
     def _dispatch(self, q: int) -> None:
         self.num_dispatched += 1
         self._num_pending += 1

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from blendserve.scheduler import Job
+from blendserve.service.disconnect import ClientGone, while_connected
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
 
 __all__ = ["router"]
 
 router = APIRouter()
-_DISCONNECT_POLL_S = 0.2  # a gone client's samples stop within this
 
 
 @router.post(
@@ -45,20 +42,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _collect_while_connected(job, request)
-
-
-async def _collect_while_connected(job: Job, request: Request) -> SolveResponse | Response:
-    """Runs the job to the end; a client that went away cancels it (and its samples)."""
-    task = asyncio.ensure_future(collect(job))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return Response(status_code=499)
-    finally:
-        task.cancel()
+        return await while_connected(request, collect(job))
+    except ClientGone:
+        return Response(status_code=499)

@@ -38,10 +38,16 @@ class QuestionIn(BaseModel):
     def _one_of(self) -> QuestionIn:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
-        for message in self.messages or []:
-            if not isinstance(message.get("role"), str) or "content" not in message:
-                raise ValueError("each message needs a string role and a content")
+        check_messages(self.messages or [])
         return self
+
+
+def check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as OpenAI takes them: each with a string ``role`` and a ``content``."""
+    for message in messages:
+        if not isinstance(message.get("role"), str) or "content" not in message:
+            raise ValueError("each message needs a string role and a content")
+    return messages
 
 
 class AnswerFormat(BaseModel):

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible drop-in: voted answers behind ``/v1``."""

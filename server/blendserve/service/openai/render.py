@@ -1,0 +1,175 @@
+"""OpenAI response objects and stream chunks, from voted answers or plain samples."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from blendserve.engines.base import Sample
+from blendserve.scheduler import AnswerEvent
+from blendserve.service.openai.schemas import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessageOut,
+    Completion,
+    CompletionChoice,
+    UsageInfo,
+    VoteOut,
+)
+from blendserve.service.solve.schemas import ConfidenceOut
+
+__all__ = ["Choice", "Reply", "choices_from_answers", "choices_from_samples"]
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice: its index, text and finish reason."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
+    """The ``n`` most-voted distinct answers of each question, each as a real completion.
+
+    Question ``i``'s choices have indices ``i*n ... i*n+n-1`` (fewer when it
+    had fewer distinct answers; one, its last completion, when it had none).
+    """
+    choices = []
+    for i, event in enumerate(events):
+        texts = [completion for _, completion in event.candidates.values()][:n]
+        if not texts:
+            texts = [event.abstained or ""]
+        choices += [Choice(i * n + j, text, "stop") for j, text in enumerate(texts)]
+    return choices
+
+
+def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choice]:
+    """Plain samples as choices (self-consistency off, on an engine with no raw upstream)."""
+    return [Choice(start + j, s.text, s.finish_reason) for j, s in enumerate(samples)]
+
+
+def vote_out(event: AnswerEvent) -> VoteOut:
+    """The ``blendserve`` field of one question."""
+    return VoteOut(
+        answer=event.answer,
+        votes=event.votes,
+        samples=event.samples,
+        confidence=ConfidenceOut(**asdict(event.confidence)),
+        settled_early=event.settled_early,
+        partial=event.partial,
+    )
+
+
+class Reply:
+    """One response in the making: the parts a full object and its stream share.
+
+    Args:
+        chat: chat completion (else text completion).
+        model: the ``model`` field.
+    """
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def full(
+        self, choices: Sequence[Choice], usage: UsageInfo, votes: Sequence[VoteOut] | None
+    ) -> ChatCompletion | Completion:
+        """The whole response object."""
+        if self.chat:
+            return ChatCompletion(
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=[
+                    ChatChoice(
+                        index=c.index,
+                        message=ChatMessageOut(content=c.text),
+                        finish_reason=c.finish_reason,
+                    )
+                    for c in choices
+                ],
+                usage=usage,
+                blendserve=votes[0] if votes else None,
+            )
+        return Completion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[
+                CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
+                for c in choices
+            ],
+            usage=usage,
+            blendserve=list(votes) if votes is not None else None,
+        )
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+        return f"data: {json.dumps(body)}\n\n"
+
+    def opening(self) -> str:
+        """The first chunk, sent before any answer is known (chat: the role)."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""}
+            return self._chunk([{"index": 0, "delta": delta, "finish_reason": None}])
+        return self._chunk([{"index": 0, "text": "", "finish_reason": None, "logprobs": None}])
+
+    def chunks(
+        self,
+        choices: Sequence[Choice],
+        usage: UsageInfo | None,
+        votes: Sequence[VoteOut] | None,
+    ) -> Iterator[str]:
+        """Every choice's content and finish, the usage chunk if asked, then ``[DONE]``."""
+        extra: dict[str, Any] = {}
+        if votes is not None:
+            dumped = [v.model_dump() for v in votes]
+            extra["blendserve"] = dumped[0] if self.chat else dumped
+        for c in choices:
+            if self.chat:
+                delta: dict[str, Any] = {"content": c.text}
+                if c.index != 0:
+                    delta["role"] = "assistant"
+                yield self._chunk([{"index": c.index, "delta": delta, "finish_reason": None}])
+                last = {"index": c.index, "delta": {}, "finish_reason": c.finish_reason}
+            else:
+                yield self._chunk(
+                    [{"index": c.index, "text": c.text, "finish_reason": None, "logprobs": None}]
+                )
+                last = {
+                    "index": c.index,
+                    "text": "",
+                    "finish_reason": c.finish_reason,
+                    "logprobs": None,
+                }
+            yield self._chunk([last], **(extra if c is choices[-1] else {}))
+        if usage is not None:
+            yield self._chunk([], usage=usage.model_dump())
+        yield DONE
+
+
+def usage_of(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    """OpenAI's usage object."""
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )

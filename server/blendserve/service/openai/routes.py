@@ -1,0 +1,178 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: voted answers, drop-in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from blendserve.engines.base import Engine, GenerateRequest, Sample
+from blendserve.scheduler import AnswerEvent, Question
+from blendserve.service.disconnect import ClientGone, while_connected
+from blendserve.service.openai.grouping import Grouper, GroupSettings
+from blendserve.service.openai.render import (
+    Reply,
+    choices_from_answers,
+    choices_from_samples,
+    usage_of,
+    vote_out,
+)
+from blendserve.service.openai.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+)
+from blendserve.service.settings import Settings
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1")
+
+_STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "chunks when streamed"}
+}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAMED)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response | Any:
+    """A chat completion whose content is a sampled completion with the voted answer.
+
+    ``blendserve`` in the body overrides the server's self-consistency
+    settings; ``{"blendserve": {"enabled": false}}`` passes the request upstream.
+    """
+    if not body.blendserve.enabled:
+        return await _pass_through(request, "/chat/completions", body.n)
+    question = Question("0", messages=body.messages)
+    return await _self_consistent(request, body, [question], body.token_limit, chat=True)
+
+
+@router.post("/completions", response_model=Completion, responses=_STREAMED)
+async def completions(body: CompletionRequest, request: Request) -> Response | Any:
+    """A text completion per prompt (a list of prompts is a batch of questions)."""
+    if not body.blendserve.enabled:
+        return await _pass_through(request, "/completions", body.n)
+    questions = [Question(str(i), prompt=p) for i, p in enumerate(body.prompts)]
+    return await _self_consistent(request, body, questions, body.max_tokens, chat=False)
+
+
+def _model(request: Request, asked: str | None) -> str:
+    settings: Settings = request.app.state.settings
+    engine: Engine = request.app.state.engine
+    return asked or settings.model or engine.name
+
+
+async def _self_consistent(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    questions: Sequence[Question],
+    max_tokens: int | None,
+    *,
+    chat: bool,
+) -> Response | Any:
+    settings: Settings = request.app.state.settings
+    grouper: Grouper = request.app.state.grouper
+    options = body.blendserve
+    answer = options.answer
+    group = GroupSettings(
+        policy=options.policy or settings.sc_policy,
+        answer_kind=answer.kind if answer is not None else settings.sc_answer,
+        answer_pattern=answer.pattern if answer is not None else None,
+        settle_delta=(
+            options.settle_delta if options.settle_delta is not None else settings.sc_settle_delta
+        ),
+        sampling=body.sampling(max_tokens),
+        model=body.model,
+    )
+    budget = options.budget_per_question or settings.sc_budget_per_question
+    ticket = grouper.submit(group, questions, budget)
+    reply = Reply(chat, _model(request, body.model))
+
+    def render(events: list[AnswerEvent]) -> tuple[Any, ...]:
+        choices = choices_from_answers(events, body.n)
+        usage = usage_of(
+            sum(e.usage.prompt_tokens for e in events),
+            sum(e.usage.completion_tokens for e in events),
+        )
+        return choices, usage, [vote_out(e) for e in events]
+
+    if body.stream:
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                yield reply.opening()
+                choices, usage, votes = render(await ticket.answers())
+                for chunk in reply.chunks(choices, usage if body.include_usage else None, votes):
+                    yield chunk
+            finally:
+                ticket.abandon()  # a no-op once answered
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    try:
+        events = await while_connected(request, ticket.answers())
+    except ClientGone:
+        ticket.abandon()
+        return Response(status_code=499)
+    return reply.full(*render(events))
+
+
+async def _pass_through(request: Request, path: str, n: int) -> Response | Any:
+    """The request as the client sent it (less ``blendserve``), to the upstream."""
+    raw: dict[str, Any] = await request.json()
+    raw.pop("blendserve", None)
+    engine: Engine = request.app.state.engine
+    try:
+        reply = await while_connected(request, engine.forward(path, raw))
+    except ClientGone:
+        return Response(status_code=499)
+    if reply is None:
+        return await _emulate(request, path, raw, n)
+    headers = _SSE_HEADERS if reply.content_type.startswith("text/event-stream") else None
+    return StreamingResponse(
+        reply.body, status_code=reply.status, media_type=reply.content_type, headers=headers
+    )
+
+
+async def _emulate(request: Request, path: str, raw: dict[str, Any], n: int) -> Response | Any:
+    """Passthrough on an engine with no OpenAI upstream: plain samples via ``generate``."""
+    chat = path == "/chat/completions"
+    body = ChatCompletionRequest(**raw) if chat else CompletionRequest(**raw)
+    engine: Engine = request.app.state.engine
+    if isinstance(body, ChatCompletionRequest):
+        asks = [
+            GenerateRequest(
+                messages=body.messages,
+                n=n,
+                params=body.sampling(body.token_limit),
+                model=body.model,
+            )
+        ]
+    else:
+        asks = [
+            GenerateRequest(prompt=p, n=n, params=body.sampling(), model=body.model)
+            for p in body.prompts
+        ]
+    reply = Reply(chat, _model(request, body.model))
+    try:
+        results: list[list[Sample]] = await while_connected(
+            request, asyncio.gather(*(engine.generate(ask) for ask in asks))
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    choices = [c for i, samples in enumerate(results) for c in choices_from_samples(samples, i * n)]
+    samples = [s for result in results for s in result]
+    usage = usage_of(
+        sum(result[0].prompt_tokens for result in results if result),
+        sum(s.completion_tokens for s in samples),
+    )
+    if body.stream:
+        lines = [
+            reply.opening(),
+            *reply.chunks(choices, usage if body.include_usage else None, None),
+        ]
+        return StreamingResponse(iter(lines), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return reply.full(choices, usage, None)

@@ -1,0 +1,233 @@
+"""Request and response bodies of the OpenAI-compatible routes.
+
+Requests accept OpenAI's fields, vLLM's extra sampling fields (anything not
+declared here is passed upstream as is) and an extra object ``blendserve``
+with the self-consistency settings of the request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from blendserve.engines.base import SamplingParams
+from blendserve.service.solve.schemas import (
+    SERVING_POLICIES,
+    AnswerFormat,
+    ConfidenceOut,
+    check_messages,
+)
+
+__all__ = [
+    "BlendserveOptions",
+    "ChatCompletion",
+    "ChatCompletionRequest",
+    "Completion",
+    "CompletionRequest",
+    "VoteOut",
+]
+
+#: Fields whose meaning self-consistency cannot keep (turn it off to use them).
+UNSUPPORTED_WITH_SC = (
+    "logprobs", "top_logprobs", "echo", "best_of", "suffix", "tools", "tool_choice",
+    "functions", "function_call",
+)  # fmt: skip
+
+
+class BlendserveOptions(BaseModel):
+    """Per-request self-consistency settings; unset fields take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: pass the request upstream unchanged")
+    budget_per_question: float | None = Field(None, gt=0, le=100_000)
+    policy: str | None = Field(None, description="blend, asc, ppr, esc or sc; options: asc:cap=16")
+    answer: AnswerFormat | None = None
+    settle_delta: float | None = Field(None, ge=0, lt=1)
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _kind_alone(cls, value: object) -> object:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("policy")
+    @classmethod
+    def _serving_policy(cls, value: str | None) -> str | None:
+        from blendserve.core.policies import PolicySpec
+
+        if value is not None and PolicySpec.parse(value).name not in SERVING_POLICIES:
+            raise ValueError(f"policy cannot serve (use {', '.join(SERVING_POLICIES)})")
+        return value
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``."""
+
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    """Fields both completion routes share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, max_length=512)
+    n: int = Field(1, ge=1, le=128, description="choices: the n most-voted distinct answers")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    blendserve: BlendserveOptions = Field(default_factory=BlendserveOptions)
+
+    @model_validator(mode="after")
+    def _sc_compatible(self) -> _Request:
+        if self.blendserve.enabled:
+            extra = self.model_extra or {}
+            for name in UNSUPPORTED_WITH_SC:
+                value = extra.get(name)
+                if value not in (None, False) and not (name == "best_of" and value == 1):
+                    raise ValueError(
+                        f"{name} is not supported with self-consistency "
+                        "(set blendserve.enabled to false to pass the request upstream)"
+                    )
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self, max_tokens: int | None = None) -> SamplingParams:
+        """The sampling parameters of every sample; undeclared fields go upstream as is."""
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        extra = {
+            k: v
+            for k, v in (self.model_extra or {}).items()
+            if k not in UNSUPPORTED_WITH_SC and k != "max_completion_tokens"
+        }
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+            stop=tuple(stop) if stop is not None else None,
+            seed=self.seed,
+            extra=extra,
+        )
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return check_messages(value)
+
+    @property
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens``, else ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: one question per prompt."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+    @model_validator(mode="after")
+    def _text_prompts(self) -> CompletionRequest:
+        if self.blendserve.enabled and not self.prompts:
+            raise ValueError("prompt must be a non-empty string or list of strings")
+        return self
+
+    @property
+    def prompts(self) -> list[str]:
+        """The text prompts (empty when given as tokens)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt] if self.prompt else []
+        if self.prompt and all(isinstance(p, str) and p for p in self.prompt):
+            return [str(p) for p in self.prompt]
+        return []
+
+
+class UsageInfo(BaseModel):
+    """OpenAI's ``usage``: tokens of every sample spent on the request's questions."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class VoteOut(BaseModel):
+    """How one question's answer was voted."""
+
+    answer: str | None
+    votes: dict[str, int]
+    samples: int
+    confidence: ConfidenceOut
+    settled_early: bool
+    partial: bool
+
+
+class ChatMessageOut(BaseModel):
+    """The assistant's message."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ChatMessageOut
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    """OpenAI's ``chat.completion`` with the vote in ``blendserve``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    blendserve: VoteOut | None = None
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a text completion."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """OpenAI's ``text_completion``; ``blendserve`` has one vote per prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    blendserve: list[VoteOut] | None = None

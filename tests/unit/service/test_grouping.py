@@ -1,0 +1,117 @@
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from blendserve.engines.base import SamplingParams
+from blendserve.scheduler import Keyer, Question
+from blendserve.service.openai.grouping import Grouper, GroupSettings
+
+from tests.support.fake_engine import FakeEngine, last_word
+
+T = TypeVar("T")
+SETTINGS = GroupSettings("blend", "exact", None, 0.0, SamplingParams(), None)
+# The grouper makes ids unique within a job: "<position in the group>:<id>".
+DISTRIBUTIONS = {
+    "0:a": [("1", 1.0)],
+    "1:b": [("2", 0.7), ("3", 0.3)],
+    "2:c": [("4", 1.0)],
+    "0:c": [("4", 1.0)],
+    "1:c": [("4", 1.0)],
+}
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def _keyer(kind: str, pattern: str | None) -> Keyer:
+    return last_word
+
+
+def _grouper(engine: FakeEngine, wait: float = 10.0, max_questions: int = 3) -> Grouper:
+    return Grouper(engine, _keyer, wait=wait, max_questions=max_questions, concurrency=4)
+
+
+def test_requests_share_one_job_whose_budget_is_the_sum() -> None:
+    async def scenario() -> tuple[list[Any], int]:
+        grouper = _grouper(FakeEngine(DISTRIBUTIONS, seed=1))
+        first = grouper.submit(SETTINGS, [Question("a", prompt="a?")], 4)
+        second = grouper.submit(
+            SETTINGS, [Question("b", prompt="b?"), Question("c", prompt="c?")], 8
+        )
+        answers = await first.answers() + await second.answers()
+        await grouper.aclose()
+        return answers, grouper.jobs_started
+
+    answers, jobs = _run(scenario())
+    assert jobs == 1  # the third question filled the group: it started without waiting
+    assert [a.answer for a in answers] == ["1", answers[1].answer, "4"]
+    assert sum(a.samples for a in answers) == 4 + 8 + 8
+
+
+def test_different_settings_never_share_a_job() -> None:
+    async def scenario() -> int:
+        grouper = _grouper(FakeEngine(DISTRIBUTIONS), wait=0.01)
+        other = GroupSettings("asc", "exact", None, 0.0, SamplingParams(), None)
+        tickets = [grouper.submit(s, [Question("c", prompt="c?")], 2) for s in (SETTINGS, other)]
+        for ticket in tickets:
+            assert [a.answer for a in await ticket.answers()] == ["4"]
+        return grouper.jobs_started
+
+    assert _run(scenario()) == 2
+
+
+def test_a_request_answered_before_its_group_ends() -> None:
+    async def scenario() -> tuple[int, int]:
+        engine = FakeEngine(DISTRIBUTIONS, seed=2, latency=0.001)
+        grouper = _grouper(engine, max_questions=2)
+        settling = GroupSettings("blend", "exact", None, 0.05, SamplingParams(), None)
+        sure = grouper.submit(settling, [Question("a", prompt="a?")], 100)
+        slow = grouper.submit(settling, [Question("b", prompt="b?")], 100)
+        (answer,) = await sure.answers()
+        in_flight = engine.in_flight
+        await slow.answers()
+        return answer.samples, in_flight
+
+    samples, in_flight = _run(scenario())
+    assert samples < 20 and in_flight > 0
+
+
+def test_abandoning_stops_the_question_and_the_job_when_nobody_waits() -> None:
+    async def scenario() -> tuple[int, int]:
+        engine = FakeEngine(DISTRIBUTIONS, stall=True)
+        grouper = _grouper(engine)
+        stay = grouper.submit(SETTINGS, [Question("a", prompt="a?")], 10)
+        leave = grouper.submit(
+            SETTINGS, [Question("b", prompt="b?"), Question("c", prompt="c?")], 10
+        )
+        await engine.started.wait()
+        while engine.in_flight < 2:
+            await asyncio.sleep(0)
+        leave.abandon()
+        while engine.cancelled < 1:
+            await asyncio.sleep(0)
+        in_flight = engine.in_flight
+        stay.abandon()
+        while engine.in_flight:
+            await asyncio.sleep(0)
+        await grouper.aclose()
+        return in_flight, engine.cancelled
+
+    in_flight_after_one, cancelled = _run(scenario())
+    assert in_flight_after_one == 1 and cancelled == 2
+
+
+def test_a_request_that_leaves_before_the_job_starts_is_left_out() -> None:
+    async def scenario() -> tuple[list[Any], FakeEngine]:
+        engine = FakeEngine(DISTRIBUTIONS)
+        grouper = _grouper(engine, wait=0.05)
+        gone = grouper.submit(SETTINGS, [Question("x", prompt="x?")], 4)
+        gone.abandon()
+        kept = grouper.submit(SETTINGS, [Question("c", prompt="c?")], 3)
+        answers = await kept.answers()
+        return answers, engine
+
+    answers, engine = _run(scenario())
+    assert [a.answer for a in answers] == ["4"]
+    assert {r.question_id for r in engine.requests} == {"1:c"}
