@@ -6,6 +6,7 @@ Slow by nature (a 0.5B model on the CPU): one server for the module, few short s
 import asyncio
 import socket
 import tempfile
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,3 +129,30 @@ def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
     assert result["status"] == "completed"
     assert result["budget"]["spent"] == 6 and result["usage"]["completion_tokens"] > 0
     assert all(a["samples"] >= 1 for a in result["answers"])
+
+
+def test_passthrough_streams_token_by_token(server: EmbeddedLlamaServer) -> None:
+    import openai
+
+    async def factory() -> OpenAIEngine:
+        return OpenAIEngine([server.base_url], timeout=120)
+
+    with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        started = time.monotonic()
+        arrivals: list[tuple[float, str]] = []
+        for chunk in client.chat.completions.create(
+            model="local",
+            messages=[{"role": "user", "content": "Count from one to twenty in words."}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"blendserve": {"enabled": False}},
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append((time.monotonic() - started, chunk.choices[0].delta.content))
+        client.close()
+    # One chunk a token, as the upstream sends them, not the whole text at the end.
+    assert len(arrivals) >= 10 and all(len(text) <= 16 for _, text in arrivals)
+    assert arrivals[-1][0] > arrivals[0][0]
+    assert "one" in "".join(text for _, text in arrivals).lower()
