@@ -289,3 +289,14 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
     # and grouped requests are as accurate as one /solve job of the same budget.
     assert grouped >= 0.8 and alone >= 0.8 and abs(grouped - alone) <= 0.1
     assert sum(r.model_extra["blendserve"][0]["samples"] for r in replies) <= 50 * 6
+
+
+def test_an_upstream_that_refuses_every_sample_is_an_openai_error() -> None:
+    engine = ReplayEngine(RECORDS)
+    with _serve(engine) as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model="m", messages=_user("not recorded"))
+        client.close()
+    assert caught.value.status_code == 503
+    assert "no recorded answers" in str(caught.value.body)

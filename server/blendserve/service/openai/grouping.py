@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import Engine, SamplingParams
-from blendserve.errors import SchedulerError
+from blendserve.errors import EngineUnavailable, SchedulerError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Keyer, Question
 
 __all__ = ["GroupSettings", "Grouper", "Ticket"]
@@ -159,10 +159,13 @@ class Grouper:
         try:
             async for event in group.job.events():
                 if isinstance(event, AnswerEvent):
-                    if not futures[event.index].done():
+                    # A question the failed job never sampled gets the job's error.
+                    if not futures[event.index].done() and not (
+                        event.partial and not event.samples
+                    ):
                         futures[event.index].set_result(event)
                 elif isinstance(event, DoneEvent) and event.error:
-                    error = SchedulerError(event.error)
+                    error = EngineUnavailable(event.error)
         except Exception as exc:  # a bug below: every waiting request learns of it
             error = exc
         finally:
