@@ -192,6 +192,12 @@ def test_passthrough_on_an_engine_without_upstream_returns_plain_samples(
     )
     assert extract("".join(c.choices[0].text for c in chunks if c.choices), "number") == "3"
     assert engine.stats.samples == 4
+    with pytest.raises(openai.UnprocessableEntityError):  # tokens need a real upstream
+        client.completions.create(model="m", prompt=[1, 2, 3], extra_body=off)
+    logprobs = client.chat.completions.create(
+        model="m", messages=_user("Three?"), logprobs=True, extra_body=off
+    )
+    assert len(logprobs.choices) == 1
 
 
 def test_passthrough_sends_the_body_upstream_unchanged() -> None:

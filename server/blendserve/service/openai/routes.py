@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from blendserve.engines.base import Engine, GenerateRequest, Sample
+from blendserve.errors import RequestValidationError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
 from blendserve.service.openai.grouping import Grouper, GroupSettings
@@ -46,7 +47,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     settings; ``{"blendserve": {"enabled": false}}`` passes the request upstream.
     """
     if not body.blendserve.enabled:
-        return await _pass_through(request, "/chat/completions", body.n)
+        return await _pass_through(request, "/chat/completions", body)
     question = Question("0", messages=body.messages)
     return await _self_consistent(request, body, [question], body.token_limit, chat=True)
 
@@ -55,7 +56,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 async def completions(body: CompletionRequest, request: Request) -> Response | Any:
     """A text completion per prompt (a list of prompts is a batch of questions)."""
     if not body.blendserve.enabled:
-        return await _pass_through(request, "/completions", body.n)
+        return await _pass_through(request, "/completions", body)
     questions = [Question(str(i), prompt=p) for i, p in enumerate(body.prompts)]
     return await _self_consistent(request, body, questions, body.max_tokens, chat=False)
 
@@ -120,7 +121,9 @@ async def _self_consistent(
     return reply.full(*render(events))
 
 
-async def _pass_through(request: Request, path: str, n: int) -> Response | Any:
+async def _pass_through(
+    request: Request, path: str, body: ChatCompletionRequest | CompletionRequest
+) -> Response | Any:
     """The request as the client sent it (less ``blendserve``), to the upstream."""
     raw: dict[str, Any] = await request.json()
     raw.pop("blendserve", None)
@@ -130,17 +133,19 @@ async def _pass_through(request: Request, path: str, n: int) -> Response | Any:
     except ClientGone:
         return Response(status_code=499)
     if reply is None:
-        return await _emulate(request, path, raw, n)
+        return await _emulate(request, body)
     headers = _SSE_HEADERS if reply.content_type.startswith("text/event-stream") else None
     return StreamingResponse(
         reply.body, status_code=reply.status, media_type=reply.content_type, headers=headers
     )
 
 
-async def _emulate(request: Request, path: str, raw: dict[str, Any], n: int) -> Response | Any:
+async def _emulate(
+    request: Request, body: ChatCompletionRequest | CompletionRequest
+) -> Response | Any:
     """Passthrough on an engine with no OpenAI upstream: plain samples via ``generate``."""
-    chat = path == "/chat/completions"
-    body = ChatCompletionRequest(**raw) if chat else CompletionRequest(**raw)
+    chat = isinstance(body, ChatCompletionRequest)
+    n = body.n
     engine: Engine = request.app.state.engine
     if isinstance(body, ChatCompletionRequest):
         asks = [
@@ -151,11 +156,15 @@ async def _emulate(request: Request, path: str, raw: dict[str, Any], n: int) -> 
                 model=body.model,
             )
         ]
-    else:
+    elif body.prompts:
         asks = [
             GenerateRequest(prompt=p, n=n, params=body.sampling(), model=body.model)
             for p in body.prompts
         ]
+    else:
+        raise RequestValidationError(
+            f"the {engine.name} engine takes text prompts only", param="prompt"
+        )
     reply = Reply(chat, _model(request, body.model))
     try:
         results: list[list[Sample]] = await while_connected(
