@@ -23,6 +23,8 @@ import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from blendserve import metrics
+
 __all__ = ["Replica", "ReplicaSet"]
 
 
@@ -73,6 +75,8 @@ class ReplicaSet:
         if affinity_slack < 0:
             raise ValueError(f"affinity_slack must be >= 0, got {affinity_slack}")
         self.replicas: tuple[Replica, ...] = tuple(Replica(url) for url in urls)
+        for replica in self.replicas:
+            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(1)
         self._threshold = failure_threshold
         self._slack = affinity_slack
         self._turn = 0
@@ -130,13 +134,16 @@ class ReplicaSet:
     def record_success(self, replica: Replica) -> None:
         """The replica answered: it is healthy and its failure streak ends."""
         replica.failures = 0
-        replica.healthy = True
+        if not replica.healthy:
+            replica.healthy = True
+            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(1)
 
     def record_failure(self, replica: Replica) -> bool:
         """Counts a failure; returns True when this one took the replica out."""
         replica.failures += 1
         if replica.healthy and replica.failures >= self._threshold:
             replica.healthy = False
+            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(0)
             return True
         return False
 

@@ -50,6 +50,7 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
+from blendserve import metrics
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.errors import (
@@ -310,6 +311,10 @@ class OpenAIEngine(Engine):
             if replica is None:
                 raise EngineUnavailable("every upstream is marked unhealthy") from last
             wait: float | None = None
+            if attempt:
+                metrics.UPSTREAM_RETRIES.labels(replica.url).inc()
+            metrics.UPSTREAM_SAMPLES.labels(replica.url, "dispatched").inc(want)
+            sent = time.monotonic()
             try:
                 try:
                     response = await self._pool.post(
@@ -318,20 +323,29 @@ class OpenAIEngine(Engine):
                 finally:
                     self._replicas.release(replica, want)
             except httpx.TransportError as exc:
+                metrics.UPSTREAM_SAMPLES.labels(replica.url, "failed").inc(want)
                 self._failed(replica)
                 last = exc
             except httpx.RequestError as exc:
+                metrics.UPSTREAM_SAMPLES.labels(replica.url, "failed").inc(want)
                 raise EngineProtocolError(f"{replica.url}: unusable response: {exc}") from exc
+            except BaseException:  # cancelled: not the upstream's failure
+                metrics.UPSTREAM_SAMPLES.labels(replica.url, "cancelled").inc(want)
+                raise
             else:
                 status = response.status_code
                 if 200 <= status < 300:
                     self._replicas.record_success(replica)
-                    return self._parse(response, path == _CHAT, want, replica)
+                    samples = self._parse(response, path == _CHAT, want, replica)
+                    metrics.UPSTREAM_SAMPLES.labels(replica.url, "completed").inc(len(samples))
+                    metrics.UPSTREAM_LATENCY.labels(replica.url).observe(time.monotonic() - sent)
+                    return samples
                 last = httpx.HTTPStatusError(
                     f"{replica.url}{path} answered {status}: {_error_message(response)}",
                     request=response.request,
                     response=response,
                 )
+                metrics.UPSTREAM_SAMPLES.labels(replica.url, "failed").inc(want)
                 if status != 429 and status < 500:
                     self._replicas.record_success(replica)
                     raise EngineProtocolError(str(last)) from last

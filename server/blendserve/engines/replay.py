@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blendserve import metrics
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 
@@ -149,6 +151,7 @@ class ReplayEngine(Engine):
         self.faults = faults or FaultConfig()
         self.model_name = model_name
         self.stats = ReplayStats()
+        metrics.UPSTREAM_HEALTHY.labels(self.name).set(1)
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
         self._free = self.latency.max_concurrent_sequences
@@ -171,6 +174,9 @@ class ReplayEngine(Engine):
         drawn = [rng.choice(recorded) for _ in range(request.n)]
         self.stats.requests += 1
         self.stats.in_flight += 1
+        metrics.UPSTREAM_SAMPLES.labels(self.name, "dispatched").inc(request.n)
+        started = time.monotonic()
+        outcome = "failed"
         try:
             await self._fault(request)
             texts = [render(a, request.answer_kind) for a in drawn]
@@ -181,12 +187,18 @@ class ReplayEngine(Engine):
             await self._run(request.n, delay)
             prompt_tokens = len((request.prompt or str(request.messages)).split())
             self.stats.samples += request.n
+            outcome = "completed"
+            metrics.UPSTREAM_LATENCY.labels(self.name).observe(time.monotonic() - started)
             return [
                 Sample(text, finish, prompt_tokens, count, self.name)
                 for (text, finish), count in zip(texts, tokens, strict=True)
             ]
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             self.stats.in_flight -= 1
+            metrics.UPSTREAM_SAMPLES.labels(self.name, outcome).inc(request.n)
 
     async def _fault(self, request: GenerateRequest) -> None:
         roll = self._fault_rng.random()

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import Any
 
+from blendserve import metrics
 from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.metrics import JobMetrics
 from blendserve.scheduler.events import (
     AnswerEvent,
     Confidence,
@@ -139,6 +141,7 @@ class Job:
         self.status = JobStatus.RUNNING
         loop = asyncio.get_running_loop()
         started = loop.time()
+        self._metrics = JobMetrics(len(self._states), self.spec.budget, started)
         last_progress = -math.inf
         in_flight = self._in_flight
         failures = 0
@@ -153,6 +156,7 @@ class Job:
                 done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     q, n = in_flight.pop(task)
+                    metrics.IN_FLIGHT_SAMPLES.dec(n)
                     exc = None if task.cancelled() else task.exception()
                     if task.cancelled():  # abandoned: refund, not a failure
                         for _ in range(n):
@@ -183,6 +187,9 @@ class Job:
             for event in self._final_answers(everyone, everything=True, partial=error is not None):
                 yield event
             self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
+            self._metrics.end(
+                self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, loop.time()
+            )
             yield DoneEvent(
                 status=self.status,
                 budget=self.spec.budget,
@@ -194,12 +201,19 @@ class Job:
                 settled=sum(map(self.policy.is_settled, range(len(self._states)))),
             )
         finally:
-            if in_flight:
-                if not self.status.finished:
-                    self.status = JobStatus.CANCELLED
-                for task in in_flight:
-                    task.cancel()
-                await asyncio.gather(*in_flight, return_exceptions=True)
+            if not self.status.finished:
+                self.status = JobStatus.CANCELLED
+            # Accounted before awaiting: a second cancellation may cut the wait short.
+            metrics.IN_FLIGHT_SAMPLES.dec(sum(n for _, n in in_flight.values()))
+            self._metrics.end(
+                self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, loop.time()
+            )
+            tasks = list(in_flight)
+            in_flight.clear()
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
         """Fills the free slots: best questions first, extra samples if slots remain."""
@@ -224,6 +238,7 @@ class Job:
         for q in chosen:
             task = asyncio.ensure_future(self.engine.generate(self._request(q, sizes[q])))
             in_flight[task] = (q, sizes[q])
+            metrics.IN_FLIGHT_SAMPLES.inc(sizes[q])
 
     def _request(self, q: int, n: int) -> GenerateRequest:
         question = self.spec.questions[q]
@@ -250,6 +265,8 @@ class Job:
                 state.answers[key] = answer if answer is not None else key
                 state.completions[key] = sample.text
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
+            metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
             self._usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             self.policy.observe(q, key)
         for _ in range(requested - min(requested, len(samples))):
@@ -267,7 +284,15 @@ class Job:
             if everything or policy.is_finished(q):
                 state.answered = True
                 self._num_answered += 1
-                events.append(self._answer(q, partial and not policy.is_settled(q)))
+                event = self._answer(q, partial and not policy.is_settled(q))
+                events.append(event)
+                self._metrics.answer(
+                    event.samples,
+                    event.confidence.share,
+                    event.confidence.ppr,
+                    event.settled_early,
+                    asyncio.get_running_loop().time(),
+                )
         return events
 
     def _answer(self, q: int, partial: bool) -> AnswerEvent:

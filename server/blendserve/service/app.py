@@ -12,6 +12,8 @@ from blendserve import __version__, answers
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
+from blendserve.service.observability import RequestMetrics
+from blendserve.service.observability import router as metrics_router
 from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.settings import Settings
@@ -63,4 +65,6 @@ def create_app(
     app.include_router(system_router)
     app.include_router(solve_router)
     app.include_router(openai_router)
+    app.include_router(metrics_router)
+    app.add_middleware(RequestMetrics)
     return app

@@ -1,0 +1,153 @@
+"""Prometheus metrics of the process, served at ``/metrics``.
+
+Names start with ``blendserve_`` and never contain "vllm": vLLM's in-process
+engine unregisters every collector whose name does. Labels are few-valued
+(upstream, endpoint, status); never a question id. With several worker
+processes, set ``PROMETHEUS_MULTIPROC_DIR`` before start (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+__all__ = ["CONTENT_TYPE_LATEST", "JobMetrics", "exposition"]
+
+_PREFIX = "blendserve"
+
+SAMPLES_PER_QUESTION = Histogram(
+    f"{_PREFIX}_samples_per_question",
+    "Samples spent on a question by the time its answer was final.",
+    buckets=[2**i for i in range(11)],
+)
+ANSWER_VOTE_SHARE = Histogram(
+    f"{_PREFIX}_answer_vote_share",
+    "Winning answer's share of the votes of a final answer.",
+    buckets=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0],
+)
+ANSWER_PPR_UNCERTAINTY = Histogram(
+    f"{_PREFIX}_answer_ppr_uncertainty",
+    "PPR-1v1 uncertainty of a final answer (lower: surer).",
+    buckets=[1e-4, 1e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0],
+)
+ANSWERS = Counter(
+    f"{_PREFIX}_answers",
+    "Final answers, by whether settling stopped them before the budget ran out.",
+    ["settled_early"],
+)
+JOB_DURATION = Histogram(
+    f"{_PREFIX}_job_duration_seconds",
+    "Wall time of a job, start to last answer.",
+    buckets=[0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
+)
+TIME_TO_FIRST_ANSWER = Histogram(
+    f"{_PREFIX}_time_to_first_answer_seconds",
+    "Time from a job's start to its first final answer.",
+    buckets=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+)
+JOBS = Counter(f"{_PREFIX}_jobs", "Jobs ended, by status.", ["status"])
+ACTIVE_JOBS = Gauge(f"{_PREFIX}_active_jobs", "Jobs running now.", multiprocess_mode="livesum")
+QUEUED_QUESTIONS = Gauge(
+    f"{_PREFIX}_queued_questions",
+    "Questions of running jobs or open groups without a final answer yet.",
+    multiprocess_mode="livesum",
+)
+IN_FLIGHT_SAMPLES = Gauge(
+    f"{_PREFIX}_in_flight_samples",
+    "Samples requested from the engine and not yet back.",
+    multiprocess_mode="livesum",
+)
+BUDGET_GRANTED = Counter(f"{_PREFIX}_budget_granted_samples", "Sample budget of jobs started.")
+BUDGET_SPENT = Counter(f"{_PREFIX}_budget_spent_samples", "Budget jobs dispatched.")
+BUDGET_UNSPENT = Counter(
+    f"{_PREFIX}_budget_unspent_samples", "Budget jobs left unspent (settled early or stopped)."
+)
+PROMPT_TOKENS = Counter(f"{_PREFIX}_prompt_tokens", "Prompt tokens of every sample.")
+COMPLETION_TOKENS = Counter(f"{_PREFIX}_completion_tokens", "Completion tokens of every sample.")
+UPSTREAM_SAMPLES = Counter(
+    f"{_PREFIX}_upstream_samples",
+    "Samples by upstream and outcome: dispatched, then completed, failed or cancelled.",
+    ["upstream", "outcome"],
+)
+UPSTREAM_RETRIES = Counter(
+    f"{_PREFIX}_upstream_retries", "Upstream requests retried, by upstream.", ["upstream"]
+)
+UPSTREAM_LATENCY = Histogram(
+    f"{_PREFIX}_upstream_request_duration_seconds",
+    "Latency of one successful upstream request (all its samples).",
+    ["upstream"],
+    buckets=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+)
+UPSTREAM_HEALTHY = Gauge(
+    f"{_PREFIX}_upstream_healthy",
+    "1 while an upstream takes requests, 0 while it is out.",
+    ["upstream"],
+    multiprocess_mode="liveall",
+)
+REQUESTS = Counter(
+    f"{_PREFIX}_http_requests", "HTTP requests by route and status.", ["endpoint", "status"]
+)
+REQUEST_DURATION = Histogram(
+    f"{_PREFIX}_http_request_duration_seconds",
+    "HTTP request latency by route, streamed bodies included.",
+    ["endpoint"],
+    buckets=[0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+)
+
+
+def exposition() -> bytes:
+    """The text format of every metric, merged across workers in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)
+
+
+class JobMetrics:
+    """What one job reports: started, each final answer, ended (once)."""
+
+    def __init__(self, questions: int, budget: int, started: float) -> None:
+        self.started = started
+        self.unanswered = questions
+        self._answered = False
+        self._ended = False
+        ACTIVE_JOBS.inc()
+        QUEUED_QUESTIONS.inc(questions)
+        BUDGET_GRANTED.inc(budget)
+
+    def answer(
+        self, samples: int, share: float, ppr: float, settled_early: bool, now: float
+    ) -> None:
+        """A question's answer became final."""
+        if not self._answered:
+            self._answered = True
+            TIME_TO_FIRST_ANSWER.observe(now - self.started)
+        SAMPLES_PER_QUESTION.observe(samples)
+        ANSWER_VOTE_SHARE.observe(share)
+        ANSWER_PPR_UNCERTAINTY.observe(ppr)
+        ANSWERS.labels(str(settled_early).lower()).inc()
+        QUEUED_QUESTIONS.dec()
+        self.unanswered -= 1
+
+    def end(self, status: str, budget: int, spent: int, now: float) -> None:
+        """The job ended (completed, failed or cancelled); later calls do nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        ACTIVE_JOBS.dec()
+        QUEUED_QUESTIONS.dec(self.unanswered)
+        JOBS.labels(status).inc()
+        JOB_DURATION.observe(now - self.started)
+        BUDGET_SPENT.inc(spent)
+        BUDGET_UNSPENT.inc(budget - spent)

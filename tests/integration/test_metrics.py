@@ -1,0 +1,74 @@
+"""``/metrics`` after real jobs: a live server over the replay engine."""
+
+import re
+
+import httpx
+from blendserve.engines.replay import ReplayEngine
+from blendserve.service import Settings, create_app
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.live import LiveServer
+
+RECORDS = [
+    {"id": "a", "prompt": "A?", "answers": ["1"] * 9 + ["2"]},
+    {"id": "b", "prompt": "B?", "answers": ["3"] * 10},
+]
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _value(scraped: dict, name: str, **labels: str) -> float:
+    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_jobs_samples_answers_and_requests_are_counted() -> None:
+    engine = ReplayEngine(RECORDS, seed=1)
+
+    async def factory() -> ReplayEngine:
+        return engine
+
+    with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
+        before = _scrape(live.url)
+        body = {
+            "questions": [{"id": "a", "prompt": "A?"}, {"id": "b", "prompt": "B?"}],
+            "budget": 20,
+            "answer": {"kind": "number"},
+            "settle_delta": 0.1,
+        }
+        result = httpx.post(f"{live.url}/solve", json=body, timeout=30).json()
+        httpx.post(f"{live.url}/solve", json={"questions": []}, timeout=30)
+        after = _scrape(live.url)
+        names = {name for name, _ in after}
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    spent = result["budget"]["spent"]
+    assert delta("blendserve_samples_per_question_count") == 2
+    assert delta("blendserve_samples_per_question_sum") == spent
+    assert delta("blendserve_budget_granted_samples_total") == 20
+    assert delta("blendserve_budget_spent_samples_total") == spent
+    assert delta("blendserve_budget_unspent_samples_total") == 20 - spent
+    settled = sum(a["settled_early"] for a in result["answers"])
+    assert delta("blendserve_answers_total", settled_early="true") == settled
+    assert delta("blendserve_answers_total", settled_early="false") == 2 - settled
+    assert delta("blendserve_upstream_samples_total", upstream="replay", outcome="completed") == (
+        spent
+    )
+    assert delta("blendserve_completion_tokens_total") == result["usage"]["completion_tokens"]
+    assert delta("blendserve_jobs_total", status="completed") == 1
+    assert delta("blendserve_http_requests_total", endpoint="/solve", status="200") == 1
+    assert delta("blendserve_http_requests_total", endpoint="/solve", status="422") == 1
+    for gauge in ("in_flight_samples", "active_jobs", "queued_questions"):
+        assert delta(f"blendserve_{gauge}") == 0, gauge
+    assert _value(after, "blendserve_upstream_healthy", upstream="replay") == 1
+    ours = {n for n in names if n.startswith("blendserve_")}
+    assert len(ours) >= 20 and not any("vllm" in n for n in ours)
+    assert all(re.fullmatch(r"[a-z_]+", n) for n in ours)
