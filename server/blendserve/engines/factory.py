@@ -33,6 +33,7 @@ class EngineConfig:
         model_cache_dir: where the embedded model file is assembled.
         vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
+        session_header: header carrying the question id upstream (session routing).
     """
 
     kind: EngineKind = "auto"
@@ -45,6 +46,7 @@ class EngineConfig:
     model_cache_dir: Path | None = None
     vllm_model: str | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
+    session_header: str | None = None
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -73,7 +75,11 @@ async def build_engine(config: EngineConfig) -> Engine:
         from blendserve.engines.openai import OpenAIEngine
 
         return OpenAIEngine(
-            config.upstreams, model=config.model, api_key=config.api_key, timeout=config.timeout
+            config.upstreams,
+            model=config.model,
+            api_key=config.api_key,
+            timeout=config.timeout,
+            session_header=config.session_header,
         )
     if kind == "replay":
         if config.data is None:

@@ -115,6 +115,10 @@ class OpenAIEngine(Engine):
         probe_interval: seconds between probes of replicas taken out.
         affinity_slack: outstanding sequences a question's home replica may
             carry over the least-loaded one and still be chosen.
+        stream: request streamed responses, so a cancelled call stops generating.
+        session_header: a header carrying the question id on every request, for
+            a router in front of several replicas that routes on it (vLLM
+            production-stack's session routing).
     """
 
     name = "openai"
@@ -137,6 +141,7 @@ class OpenAIEngine(Engine):
         probe_interval: float = 2.0,
         affinity_slack: int = 4,
         stream: bool = False,
+        session_header: str | None = None,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
@@ -165,6 +170,7 @@ class OpenAIEngine(Engine):
         self._backoff_base = backoff_base
         self._n_support = n_support
         self._stream = stream
+        self._session_header = session_header
         self._probe_interval = probe_interval
         self._rng = random.Random()
         self._probe_task: asyncio.Task[None] | None = None
@@ -303,6 +309,7 @@ class OpenAIEngine(Engine):
             payload["stream"] = True
             payload["stream_options"] = {"include_usage": True}
         encoded = _encode(payload)
+        session = ((self._session_header, key),) if self._session_header and key else ()
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
         last: Exception | None = None
@@ -318,7 +325,7 @@ class OpenAIEngine(Engine):
             try:
                 try:
                     response = await self._pool.post(
-                        replica.url, path, encoded, collect_stream=self._stream
+                        replica.url, path, encoded, self._stream, session
                     )
                 finally:
                     self._replicas.release(replica, want)
@@ -551,18 +558,24 @@ class _Pool:
         return parsed
 
     async def post(
-        self, base: str, path: str, body: bytes, collect_stream: bool = False
+        self,
+        base: str,
+        path: str,
+        body: bytes,
+        collect_stream: bool = False,
+        headers: Sequence[tuple[str, str]] = (),
     ) -> httpx.Response:
         """POSTs a JSON body to ``base + path``; the response is read in full.
 
         With ``collect_stream``, a 2xx event stream is read chunk by chunk and
-        returned as the equivalent non-streamed JSON response.
+        returned as the equivalent non-streamed JSON response. ``headers`` are
+        sent besides the pool's own.
         """
         request = httpx.Request(
             "POST",
             self._url(base + path),
             content=body,
-            headers=self._post_headers,
+            headers=[*self._post_headers, *headers] if headers else self._post_headers,
             extensions=self._timeout,
         )
         return await self._send(base, request, collect_stream)

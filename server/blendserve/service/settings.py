@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     model: str | None = None
     upstream_api_key: str | None = None
     upstream_timeout: float = Field(600.0, gt=0)
+    session_header: str | None = Field(None, description="question id header (session routing)")
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
@@ -61,4 +62,5 @@ class Settings(BaseSettings):
             embedded_model=self.embedded_model,
             model_cache_dir=self.model_cache_dir,
             vllm_model=self.vllm_model,
+            session_header=self.session_header,
         )

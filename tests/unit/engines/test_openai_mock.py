@@ -508,3 +508,22 @@ def test_stream_mode_assembles_chunks_and_counts_tokens() -> None:
     assert seen[0]["stream"] is True
     assert sample.text == "The answer is 4."  # type: ignore[attr-defined]
     assert sample.finish_reason == "stop" and sample.completion_tokens == 2  # type: ignore[attr-defined]
+
+
+def test_session_header_carries_the_question_id() -> None:
+    seen: list[str | None] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("x-user-id"))
+        return ok(json.loads(request.content))
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(handler)
+        async with OpenAIEngine([URL], transport=transport, session_header="x-user-id") as engine:
+            await engine.generate(GenerateRequest(messages=CHAT, question_id="q-7"))
+            await engine.generate(GenerateRequest(messages=CHAT))
+        async with OpenAIEngine([URL], transport=transport) as plain:
+            await plain.generate(GenerateRequest(messages=CHAT, question_id="q-8"))
+
+    _run(scenario())
+    assert seen == ["q-7", None, None]
