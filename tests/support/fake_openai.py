@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible upstream for tests and benchmarks; it runs no model.
 
 ``create_app(state)`` builds a FastAPI app serving ``POST /v1/chat/completions``,
-``POST /v1/completions`` and ``GET /v1/models`` whose behaviour follows the
+``POST /v1/completions``, ``GET /v1/models`` and vLLM-named gauges at
+``GET /metrics``, whose behaviour follows the
 knobs of a :class:`FakeState` and which counts what it does there. Every
 choice's text is unique (``"{name}:{serial}"``), so tests can tell that no
 sample was returned twice.
@@ -162,6 +163,17 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
     async def models() -> dict[str, Any]:
         state.model_requests += 1
         return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        # vLLM's own metric names, so that dashboards have a model server to show.
+        labels = f'{{model_name="{state.model}"}}'
+        lines = [
+            f"vllm:num_requests_running{labels} {state.in_flight}",
+            f"vllm:num_requests_waiting{labels} 0",
+            f"vllm:kv_cache_usage_perc{labels} {min(1.0, state.in_flight / 64)}",
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.get("/fake/stats")
     async def stats() -> dict[str, Any]:
