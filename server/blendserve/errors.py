@@ -6,6 +6,7 @@
     │   ├── EngineUnavailable       no upstream could be reached (or all are unhealthy)
     │   └── EngineProtocolError     an upstream answered something we cannot use
     ├── SchedulerError              a job could not run to completion
+    ├── ServiceOverloaded           too many jobs or questions at once (``retry_after``)
     └── RequestValidationError      bad input from a caller (also a ValueError), with ``param``
 
 Engines wrap httpx and vLLM errors at their seam (``raise ... from exc``);
@@ -22,6 +23,7 @@ __all__ = [
     "EngineUnavailable",
     "RequestValidationError",
     "SchedulerError",
+    "ServiceOverloaded",
 ]
 
 
@@ -47,6 +49,19 @@ class EngineProtocolError(EngineError):
 
 class SchedulerError(BlendserveError):
     """A job could not run to completion."""
+
+
+class ServiceOverloaded(BlendserveError):
+    """The service is at its limit of running jobs or queued questions.
+
+    Args:
+        message: which limit, for the caller.
+        retry_after: seconds after which a retry may succeed.
+    """
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RequestValidationError(BlendserveError, ValueError):

@@ -34,6 +34,7 @@ class EngineConfig:
         vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
         session_header: header carrying the question id upstream (session routing).
+        replay_latency: seconds each replay request takes.
     """
 
     kind: EngineKind = "auto"
@@ -47,6 +48,7 @@ class EngineConfig:
     vllm_model: str | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     session_header: str | None = None
+    replay_latency: float = 0.0
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -84,9 +86,9 @@ async def build_engine(config: EngineConfig) -> Engine:
     if kind == "replay":
         if config.data is None:
             raise ValueError("the replay engine needs --data FILE.jsonl")
-        from blendserve.engines.replay import ReplayEngine
+        from blendserve.engines.replay import LatencyModel, ReplayEngine
 
-        return ReplayEngine(config.data)
+        return ReplayEngine(config.data, latency=LatencyModel(fixed=config.replay_latency))
     if kind == "vllm":
         if config.vllm_model is None:
             raise ValueError("the vllm engine needs --vllm-model NAME")

@@ -12,10 +12,12 @@ from blendserve import __version__, answers
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
+from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
 from blendserve.service.observability import RequestMetrics
 from blendserve.service.observability import router as metrics_router
 from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.routes import router as openai_router
+from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.solve.handlers import make_keyer
 from blendserve.service.solve.routes import router as solve_router
@@ -35,8 +37,12 @@ def create_app(
         settings: service settings (default: read from the environment).
         engine_factory: builds the engine at startup (default: from ``settings``);
             tests pass a ready engine this way.
+
+    Raises:
+        OSError: the API key file cannot be read.
     """
     settings = settings if settings is not None else Settings()
+    keys = settings.keys()
     make_engine = engine_factory or (lambda: build_engine(settings.engine_config()))
 
     @asynccontextmanager
@@ -44,6 +50,13 @@ def create_app(
         engine = await make_engine()
         app.state.engine = engine
         app.state.settings = settings
+        app.state.limits = JobLimits(
+            settings.max_questions_per_job,
+            settings.max_budget_per_job,
+            settings.max_budget_per_question,
+            settings.max_prompt_bytes,
+        )
+        app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
         app.state.grouper = grouper = Grouper(
             engine,
             make_keyer,
@@ -66,5 +79,8 @@ def create_app(
     app.include_router(solve_router)
     app.include_router(openai_router)
     app.include_router(metrics_router)
+    # The last added runs first: count every request, then check its key, then its size.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, keys=keys, protect_metrics=settings.metrics_auth)
     app.add_middleware(RequestMetrics)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ __all__ = ["add_parser", "run"]
 _FLAGS = (
     "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
     "log_level", "group_wait_ms", "group_max", "sc_budget_per_question", "sc_policy",
+    "api_key_file", "replay_latency_s",
 )  # fmt: skip
 
 
@@ -46,6 +48,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--sc-budget-per-question", type=float, help="/v1 samples per question (default 8)"
     )
     parser.add_argument("--sc-policy", help="/v1 allocation policy (default blend)")
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="accepted bearer keys, one a line (with BLENDSERVE_API_KEYS)",
+    )
+    parser.add_argument(
+        "--replay-latency-s", type=float, help="replay engine: seconds each request takes"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -64,7 +74,18 @@ def run(args: argparse.Namespace) -> int:
 
     from blendserve.service.app import create_app
 
+    try:
+        app = create_app(settings)
+    except OSError as exc:
+        print(f"blendserve serve: error: api key file: {exc}", file=sys.stderr)
+        return 2
+    # On SIGTERM uvicorn stops accepting, lets running requests (jobs) finish for
+    # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     return 0

@@ -15,6 +15,7 @@ from blendserve.errors import (
     EngineTimeout,
     EngineUnavailable,
     RequestValidationError,
+    ServiceOverloaded,
 )
 
 __all__ = ["error_body", "install_error_handlers", "status_for"]
@@ -26,6 +27,8 @@ def status_for(exc: BaseException) -> int:
     """HTTP status for an exception raised below the service."""
     if isinstance(exc, RequestValidationError):
         return 422
+    if isinstance(exc, ServiceOverloaded):
+        return 429
     if isinstance(exc, EngineTimeout):
         return 504
     if isinstance(exc, (EngineUnavailable, EngineProtocolError, EngineError)):
@@ -44,7 +47,9 @@ def error_body(message: str, type_: str, code: int, param: str | None = None) ->
 async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
     status = status_for(exc)
     param = getattr(exc, "param", None)
-    return JSONResponse(error_body(str(exc), type(exc).__name__, status, param), status)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServiceOverloaded) else None
+    body = error_body(str(exc), type(exc).__name__, status, param)
+    return JSONResponse(body, status, headers=headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -42,13 +42,38 @@ class Settings(BaseSettings):
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
+    replay_latency_s: float = Field(0.0, ge=0, description="replay engine: seconds a request")
+    # Security and limits (see the README's "Security and limits").
+    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+    api_key_file: Path | None = None
+    metrics_auth: bool = Field(False, description="ask for a key on /metrics too")
+    max_questions_per_job: int = Field(10_000, ge=1)
+    max_budget_per_job: int = Field(1_000_000, ge=1)
+    max_budget_per_question: float = Field(10_000, gt=0)
+    max_prompt_bytes: int = Field(1 << 20, ge=1, description="per question")
+    max_body_bytes: int = Field(16 << 20, ge=1)
+    max_concurrent_jobs: int = Field(64, ge=1, description="/solve jobs and /v1 requests")
+    max_queued_questions: int = Field(100_000, ge=1)
+    shutdown_grace_s: float = Field(30.0, ge=0, description="running jobs get this on SIGTERM")
 
-    @field_validator("upstreams", mode="before")
+    @field_validator("upstreams", "api_keys", mode="before")
     @classmethod
-    def _split_urls(cls, value: object) -> object:
+    def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
-            return tuple(url.strip() for url in value.split(",") if url.strip())
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    def keys(self) -> frozenset[str]:
+        """The API keys that open the service: ``api_keys`` and ``api_key_file``'s lines.
+
+        Raises:
+            OSError: the key file cannot be read.
+        """
+        keys = set(self.api_keys)
+        if self.api_key_file is not None:
+            lines = self.api_key_file.read_text().splitlines()
+            keys.update(line.strip() for line in lines if line.strip())
+        return frozenset(keys)
 
     def engine_config(self) -> EngineConfig:
         """The engine part of these settings."""
@@ -63,4 +88,5 @@ class Settings(BaseSettings):
             model_cache_dir=self.model_cache_dir,
             vllm_model=self.vllm_model,
             session_header=self.session_header,
+            replay_latency=self.replay_latency_s,
         )

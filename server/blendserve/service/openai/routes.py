@@ -13,6 +13,7 @@ from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.errors import RequestValidationError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
+from blendserve.service.limits import JobLimits, Slot
 from blendserve.service.openai.grouping import Grouper, GroupSettings
 from blendserve.service.openai.render import (
     Reply,
@@ -90,6 +91,10 @@ async def _self_consistent(
         model=body.model,
     )
     budget = options.budget_per_question or settings.sc_budget_per_question
+    limits: JobLimits = request.app.state.limits
+    prompts = [q.prompt if q.prompt is not None else q.messages for q in questions]
+    limits.check(prompts, budget * len(questions), prefix="messages" if chat else "prompt")
+    slot: Slot = request.app.state.admission.admit(len(questions))
     ticket = grouper.submit(group, questions, budget)
     reply = Reply(chat, _model(request, body.model))
 
@@ -111,6 +116,7 @@ async def _self_consistent(
                     yield chunk
             finally:
                 ticket.abandon()  # a no-op once answered
+                slot.release()
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
     try:
@@ -118,6 +124,8 @@ async def _self_consistent(
     except ClientGone:
         ticket.abandon()
         return Response(status_code=499)
+    finally:
+        slot.release()
     return reply.full(*render(events))
 
 

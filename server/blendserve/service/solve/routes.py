@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from blendserve.service.disconnect import ClientGone, while_connected
+from blendserve.service.limits import release_after
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
 
@@ -31,14 +32,21 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
     ``progress``, ``done``) with ``stream: true`` or ``Accept:
     text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
     """
-    settings = request.app.state.settings
-    job = build_job(body, request.app.state.engine, settings.default_concurrency)
+    state = request.app.state
+    state.limits.check(
+        [q.prompt if q.prompt is not None else q.messages for q in body.questions],
+        body.total_budget,
+        prefix="questions",
+    )
+    job = build_job(body, state.engine, state.settings.default_concurrency)
+    slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
-        return StreamingResponse(ndjson_lines(job), media_type="application/x-ndjson")
+        lines = release_after(ndjson_lines(job), slot)
+        return StreamingResponse(lines, media_type="application/x-ndjson")
     if body.stream or "text/event-stream" in accept:
         return StreamingResponse(
-            sse_frames(job),
+            release_after(sse_frames(job), slot),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -46,3 +54,5 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         return await while_connected(request, collect(job))
     except ClientGone:
         return Response(status_code=499)
+    finally:
+        slot.release()
