@@ -63,6 +63,7 @@ def create_app(
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
             concurrency=settings.default_concurrency,
+            request_timeout=settings.upstream_timeout,
         )
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))

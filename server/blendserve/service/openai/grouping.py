@@ -78,6 +78,7 @@ class Grouper:
         wait: seconds a group stays open for more requests.
         max_questions: a group with this many questions starts at once.
         concurrency: samples in flight per job.
+        request_timeout: seconds per engine request, retries included.
     """
 
     def __init__(
@@ -88,12 +89,14 @@ class Grouper:
         wait: float,
         max_questions: int,
         concurrency: int,
+        request_timeout: float | None = None,
     ) -> None:
         self.engine = engine
         self._keyer_for = keyer_for
         self.wait = wait
         self.max_questions = max_questions
         self.concurrency = concurrency
+        self.request_timeout = request_timeout
         self._open: dict[str, _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
         #: Jobs started so far.
@@ -144,6 +147,7 @@ class Grouper:
             answer_kind=settings.answer_kind,
             settle_delta=settings.settle_delta,
             concurrency=self.concurrency,
+            request_timeout=self.request_timeout,
         )
         keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
         group.job = Job(spec, self.engine, keyer)

@@ -54,8 +54,14 @@ def make_keyer(kind: str, pattern: str | None) -> Keyer:
     return keyer
 
 
-def build_job(request: SolveRequest, engine: Engine, default_concurrency: int) -> Job:
-    """The scheduler job for a validated request."""
+def build_job(
+    request: SolveRequest,
+    engine: Engine,
+    default_concurrency: int,
+    request_timeout: float | None = None,
+) -> Job:
+    """The scheduler job for a validated request (engine requests time out after
+    ``request_timeout`` seconds, retries included)."""
     questions = [
         Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
         for i, q in enumerate(request.questions)
@@ -69,6 +75,7 @@ def build_job(request: SolveRequest, engine: Engine, default_concurrency: int) -
         answer_kind=request.answer.kind,
         settle_delta=request.settle_delta,
         concurrency=request.concurrency or default_concurrency,
+        request_timeout=request_timeout,
     )
     return Job(spec, engine, make_keyer(request.answer.kind, request.answer.pattern))
 

@@ -38,7 +38,8 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         body.total_budget,
         prefix="questions",
     )
-    job = build_job(body, state.engine, state.settings.default_concurrency)
+    settings = state.settings
+    job = build_job(body, state.engine, settings.default_concurrency, settings.upstream_timeout)
     slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
