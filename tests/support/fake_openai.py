@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import socket
 import sys
 import threading
@@ -45,10 +46,17 @@ class FakeState:
     Knobs: ``honour_n`` (False: one choice whatever ``n``, like llama.cpp),
     ``latency`` (seconds before answering), ``fail_next`` (answer the next k
     completion requests with 500), ``drop`` (drop every completion request's
-    connection after sending headers), ``record`` (keep request bodies).
+    connection after sending headers), ``record`` (keep request bodies),
+    ``answers`` (when set, each text ends in ``"so the answer is {a}"`` with
+    ``a`` drawn from it).
+    Injected faults, drawn per completion request from a generator seeded with
+    ``fault_seed``: ``error_rate`` (a 500), ``timeout_rate`` (no answer until
+    the client leaves), ``drop_rate`` (the connection drops after the
+    headers), ``slow_rate`` (``slow_latency`` more seconds first).
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
-    ``disconnects`` (clients that went away while waiting), ``model_requests``.
+    ``disconnects`` (clients that went away while waiting), ``model_requests``,
+    ``faults`` (injected faults by kind).
     """
 
     name: str = "fake"
@@ -58,21 +66,54 @@ class FakeState:
     fail_next: int = 0
     drop: bool = False
     record: bool = True
+    answers: tuple[str, ...] = ()
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    drop_rate: float = 0.0
+    slow_rate: float = 0.0
+    slow_latency: float = 0.0
+    fault_seed: int = 0
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
     samples_served: int = 0
     disconnects: int = 0
     model_requests: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     _serial: int = 0
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng.seed(self.fault_seed)
 
     def next_text(self) -> str:
         self._serial += 1
-        return f"{self.name}:{self._serial}"
+        text = f"{self.name}:{self._serial}"
+        if self.answers:
+            text += f" so the answer is {self._rng.choice(self.answers)}"
+        return text
+
+    def draw_fault(self) -> str | None:
+        """The fault to inject into the next completion request, if any."""
+        draw = self._rng.random()
+        for kind, rate in (
+            ("error", self.error_rate),
+            ("timeout", self.timeout_rate),
+            ("drop", self.drop_rate),
+            ("slow", self.slow_rate),
+        ):
+            if draw < rate:
+                self.faults[kind] = self.faults.get(kind, 0) + 1
+                return kind
+            draw -= rate
+        return None
 
     def stats(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "bodies" and not k.startswith("_")}
+
+
+_HANG_S = 3600.0  # an injected timeout: longer than any test waits
 
 
 class _Dropped(Exception):
@@ -116,19 +157,23 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
         state.requests += 1
         if state.record:
             state.bodies.append(body)
-        if state.fail_next > 0:
-            state.fail_next -= 1
+        fault = state.draw_fault()
+        if state.fail_next > 0 or fault == "error":
+            state.fail_next = max(0, state.fail_next - 1)
             return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:
             outcome = "done"
-            if state.latency > 0:
-                outcome = await _wait(request, state.latency, kill)
+            latency = state.latency + (state.slow_latency if fault == "slow" else 0.0)
+            if fault == "timeout":
+                latency = _HANG_S
+            if latency > 0:
+                outcome = await _wait(request, latency, kill)
             if outcome == "disconnected":
                 state.disconnects += 1
                 return Response(status_code=204)  # nobody is listening
-            if state.drop or kill.is_set():
+            if state.drop or fault == "drop" or kill.is_set():
                 return _DropConnection()
             n = int(body.get("n", 1)) if state.honour_n else 1
             choices = []

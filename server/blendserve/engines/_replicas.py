@@ -13,8 +13,20 @@ unless it is clearly busier than the least-loaded one, then its next replica
 in rendezvous order. Outstanding load counts sequences (an ``n=8`` request
 weighs 8), as that is what loads a vLLM replica.
 
-Health rule: ``failure_threshold`` consecutive failures (connection errors,
-5xx) take a replica out; any success, or a successful probe, brings it back.
+Health rule, a circuit breaker per replica (:class:`BreakerState`):
+
+* ``CLOSED``: takes requests. ``failure_threshold`` consecutive failures
+  (connection errors, 5xx) open it.
+* ``OPEN``: refuses requests at once (:meth:`ReplicaSet.pick` never returns
+  it), so no call waits on a replica known to be down. The engine probes it;
+  a successful probe half-opens it.
+* ``HALF_OPEN``: takes one trial request at a time. A success closes it, a
+  failure opens it again.
+
+With every replica open (or half-open with its trial in flight) ``pick``
+returns None and the engine fails the call with ``EngineUnavailable`` instead
+of retrying until the deadline. The ``blendserve_upstream_healthy`` gauge
+shows the state: 1 closed, 0.5 half-open, 0 open.
 """
 
 from __future__ import annotations
@@ -22,10 +34,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from blendserve import metrics
 
-__all__ = ["Replica", "ReplicaSet"]
+__all__ = ["BreakerState", "Replica", "ReplicaSet"]
+
+
+class BreakerState(Enum):
+    """Circuit breaker state of one replica; the value is its health gauge."""
+
+    CLOSED = 1.0
+    HALF_OPEN = 0.5
+    OPEN = 0.0
 
 
 @dataclass(eq=False)
@@ -36,7 +57,7 @@ class Replica:
         url: normalised base URL (ends in ``/v1``).
         outstanding: sequences in flight on it.
         failures: consecutive failures since the last success.
-        healthy: whether it takes requests.
+        state: its circuit breaker's state.
         n_honoured: whether it returned ``n`` choices when asked for ``n``
             (None: not known yet).
     """
@@ -44,8 +65,25 @@ class Replica:
     url: str
     outstanding: int = 0
     failures: int = 0
-    healthy: bool = True
+    state: BreakerState = BreakerState.CLOSED
     n_honoured: bool | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Whether it takes requests at all (its breaker is not open)."""
+        return self.state is not BreakerState.OPEN
+
+    @property
+    def available(self) -> bool:
+        """Whether it takes a request now: closed, or half-open with no trial in flight."""
+        state = self.state
+        return state is BreakerState.CLOSED or (
+            state is BreakerState.HALF_OPEN and self.outstanding == 0
+        )
+
+    def _set(self, state: BreakerState) -> None:
+        self.state = state
+        metrics.UPSTREAM_HEALTHY.labels(self.url).set(state.value)
 
 
 def _rendezvous_score(key: str, url: str) -> int:
@@ -58,7 +96,7 @@ class ReplicaSet:
 
     Args:
         urls: normalised, distinct base URLs.
-        failure_threshold: consecutive failures that take a replica out.
+        failure_threshold: consecutive failures that open a replica's breaker.
         affinity_slack: extra outstanding sequences a key's home replica may
             carry over the least-loaded one and still be chosen.
     """
@@ -76,7 +114,7 @@ class ReplicaSet:
             raise ValueError(f"affinity_slack must be >= 0, got {affinity_slack}")
         self.replicas: tuple[Replica, ...] = tuple(Replica(url) for url in urls)
         for replica in self.replicas:
-            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(1)
+            replica._set(BreakerState.CLOSED)
         self._threshold = failure_threshold
         self._slack = affinity_slack
         self._turn = 0
@@ -89,16 +127,17 @@ class ReplicaSet:
         Args:
             key: affinity key (the question id), or None.
             avoid: replicas already tried by this call; used only when some
-                healthy replica is not in it.
+                available replica is not in it.
             rotate: advance the tie-breaking turn (False for a mere look).
 
         Returns:
-            The chosen replica, or None when no replica is healthy.
+            The chosen replica, or None when none is available (every breaker
+            open, or half-open with its trial in flight).
         """
-        healthy = [r for r in self.replicas if r.healthy]
-        candidates = [r for r in healthy if r not in avoid] if avoid else healthy
+        available = [r for r in self.replicas if r.available]
+        candidates = [r for r in available if r not in avoid] if avoid else available
         if not candidates:
-            candidates = healthy
+            candidates = available
             if not candidates:
                 return None
         if len(candidates) == 1:
@@ -132,29 +171,37 @@ class ReplicaSet:
         replica.outstanding -= weight
 
     def record_success(self, replica: Replica) -> None:
-        """The replica answered: it is healthy and its failure streak ends."""
+        """The replica answered: its failure streak ends and its breaker closes."""
         replica.failures = 0
-        if not replica.healthy:
-            replica.healthy = True
-            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(1)
+        if replica.state is not BreakerState.CLOSED:
+            replica._set(BreakerState.CLOSED)
 
     def record_failure(self, replica: Replica) -> bool:
-        """Counts a failure; returns True when this one took the replica out."""
+        """Counts a failure; returns True when this one opened the breaker."""
         replica.failures += 1
-        if replica.healthy and replica.failures >= self._threshold:
-            replica.healthy = False
-            metrics.UPSTREAM_HEALTHY.labels(replica.url).set(0)
+        state = replica.state
+        if state is BreakerState.HALF_OPEN or (
+            state is BreakerState.CLOSED and replica.failures >= self._threshold
+        ):
+            replica._set(BreakerState.OPEN)
+            return True
+        return False
+
+    def record_probe(self, replica: Replica) -> bool:
+        """A probe of an open replica succeeded: half-opens it; True if it was open."""
+        if replica.state is BreakerState.OPEN:
+            replica._set(BreakerState.HALF_OPEN)
             return True
         return False
 
     def unhealthy(self) -> list[Replica]:
-        """Replicas currently taken out."""
-        return [r for r in self.replicas if not r.healthy]
+        """Replicas whose breaker is open."""
+        return [r for r in self.replicas if r.state is BreakerState.OPEN]
 
     def has_untried(self, tried: Collection[Replica]) -> bool:
-        """Whether some healthy replica is not in ``tried``."""
-        return any(r.healthy and r not in tried for r in self.replicas)
+        """Whether some available replica is not in ``tried``."""
+        return any(r.available and r not in tried for r in self.replicas)
 
     def snapshot(self) -> dict[str, bool]:
-        """URL -> healthy, in configuration order."""
+        """URL -> takes requests (breaker not open), in configuration order."""
         return {r.url: r.healthy for r in self.replicas}

@@ -29,9 +29,12 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   every replica is out; :class:`~blendserve.errors.EngineProtocolError` for
   other statuses and unusable bodies. The httpx error is the ``__cause__``.
 * Replicas: see :mod:`blendserve.engines._replicas` for the balancing,
-  affinity and health rules. A replica taken out is probed with
-  ``GET {url}/models`` every ``probe_interval`` seconds by a background task
-  that runs only while some replica is out, and comes back on the first 200.
+  affinity and circuit breaker rules. A replica whose breaker is open is
+  probed with ``GET {url}/models`` every ``probe_interval`` seconds by a
+  background task that runs only while some breaker is open; the first 200
+  half-opens it, and its next request is the trial that closes or reopens it.
+  While no replica is available a call fails at once with
+  :class:`~blendserve.errors.EngineUnavailable`, without waiting a backoff.
 * Cancelling ``generate`` closes its in-flight HTTP requests.
 """
 
@@ -111,8 +114,8 @@ class OpenAIEngine(Engine):
         n_support: ``auto`` detects per replica whether ``n`` is honoured;
             ``yes`` always sends ``n``; ``no`` always sends ``n`` single requests.
         transport: custom httpx transport (tests, ASGI apps).
-        failure_threshold: consecutive failures that take a replica out.
-        probe_interval: seconds between probes of replicas taken out.
+        failure_threshold: consecutive failures that open a replica's breaker.
+        probe_interval: seconds between probes of replicas whose breaker is open.
         affinity_slack: outstanding sequences a question's home replica may
             carry over the least-loaded one and still be chosen.
         stream: request streamed responses, so a cancelled call stops generating.
@@ -316,7 +319,9 @@ class OpenAIEngine(Engine):
         for attempt in range(self._max_retries + 1):
             replica = self._replicas.acquire(key, want, tried)
             if replica is None:
-                raise EngineUnavailable("every upstream is marked unhealthy") from last
+                raise EngineUnavailable(
+                    "every upstream is marked unhealthy (circuit breaker open)"
+                ) from last
             wait: float | None = None
             if attempt:
                 metrics.UPSTREAM_RETRIES.labels(replica.url).inc()
@@ -364,6 +369,8 @@ class OpenAIEngine(Engine):
                 break
             if self._replicas.has_untried(tried):
                 continue
+            if self._replicas.pick(key, rotate=False) is None:
+                continue  # every breaker is open: the next acquire fails now, no backoff
             delay = self._backoff(attempt) if wait is None else wait
             if loop.time() + delay >= deadline:
                 break
@@ -421,6 +428,10 @@ class OpenAIEngine(Engine):
                 self._failed(replica)
                 last = exc
                 continue
+            if raw.status_code >= 500:
+                self._failed(replica)
+            else:
+                self._replicas.record_success(replica)
             return UpstreamReply(
                 raw.status_code,
                 raw.headers.get("content-type", "application/json"),
@@ -443,7 +454,9 @@ class OpenAIEngine(Engine):
 
     def _failed(self, replica: Replica) -> None:
         if self._replicas.record_failure(replica):
-            _log.warning("upstream %s taken out after %d failures", replica.url, replica.failures)
+            _log.warning(
+                "upstream %s: circuit breaker open after %d failures", replica.url, replica.failures
+            )
             if not self._closed and (self._probe_task is None or self._probe_task.done()):
                 self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
 
@@ -457,9 +470,8 @@ class OpenAIEngine(Engine):
             response = await self._pool.get(replica.url, "/models", _SIDE_TIMEOUT)
         except httpx.HTTPError:
             return
-        if response.status_code == 200 and not replica.healthy:
-            self._replicas.record_success(replica)
-            _log.info("upstream %s is back", replica.url)
+        if response.status_code == 200 and self._replicas.record_probe(replica):
+            _log.info("upstream %s answers probes: circuit breaker half-open", replica.url)
 
     async def health(self) -> EngineHealth:
         """Per-replica health from the last outcomes and probes; no I/O."""

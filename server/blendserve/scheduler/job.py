@@ -3,6 +3,14 @@
 The job keeps ``concurrency`` samples in flight while budget and unsettled
 questions remain, feeds every completion to the same policy object the
 simulator uses, and emits each question's answer as soon as it is final.
+
+Engine failures are refunded and retried after a backoff (doubling from
+50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
+answers it has marked partial, after ``max_consecutive_failures`` failures
+with no success in between, once that streak also spans ``failure_timeout``
+seconds when the failures are transient (``EngineUnavailable``: every
+upstream down or its circuit breaker open, ``EngineTimeout``). Other errors
+(an upstream refusing the request, a bug) end it without waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from blendserve import metrics
 from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.errors import EngineTimeout, EngineUnavailable
 from blendserve.metrics import JobMetrics
 from blendserve.scheduler.events import (
     AnswerEvent,
@@ -29,6 +38,9 @@ from blendserve.scheduler.events import (
 )
 
 __all__ = ["Job", "JobSpec", "Keyer", "Question"]
+
+_BACKOFF_S = 0.05  # first wait before failed samples are sent again, doubled per failure
+_MAX_BACKOFF_S = 1.0
 
 #: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
 Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
@@ -60,6 +72,9 @@ class JobSpec:
         seed: seeds the policy's tie-break.
         request_timeout: seconds per engine request (None: the engine's default).
         max_consecutive_failures: engine failures in a row that end the job.
+        failure_timeout: seconds a streak of transient engine failures (every
+            upstream down) must also last before it ends the job; this bounds
+            how long a job outlives its upstreams, not ``request_timeout``.
         progress_interval: seconds between progress events, at least.
     """
 
@@ -75,6 +90,7 @@ class JobSpec:
     seed: int = 0
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
+    failure_timeout: float = 5.0
     progress_interval: float = 0.25
 
 
@@ -105,6 +121,8 @@ class Job:
             raise ValueError("a job needs at least one question")
         if spec.concurrency < 1 or spec.max_samples_per_request < 1:
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        if not spec.failure_timeout >= 0:
+            raise ValueError(f"failure_timeout must be >= 0, got {spec.failure_timeout}")
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
@@ -145,15 +163,25 @@ class Job:
         last_progress = -math.inf
         in_flight = self._in_flight
         failures = 0
+        streak_started = 0.0  # when the current failure streak began
+        resume_at = -math.inf  # no dispatch before this (backoff after a failure)
         swept = False  # every question checked once the budget ran out
         error: str | None = None
         try:
             while True:
-                if error is None:
+                backoff = resume_at - loop.time() if error is None else 0.0
+                if error is None and backoff <= 0:
                     self._dispatch(in_flight)
                 if not in_flight:
+                    if backoff > 0:
+                        await asyncio.sleep(backoff)
+                        continue
                     break
-                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    in_flight,
+                    timeout=backoff if backoff > 0 else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 for task in done:
                     q, n = in_flight.pop(task)
                     metrics.IN_FLIGHT_SAMPLES.dec(n)
@@ -163,13 +191,31 @@ class Job:
                             self.policy.cancel(q)
                     elif exc is None:
                         failures = 0
+                        resume_at = -math.inf
                         await self._record(q, task.result(), n)
                     else:  # EngineError, or an engine's bug: refund, retry, give up eventually
+                        now = loop.time()
+                        if failures == 0:
+                            streak_started = now
                         failures += 1
+                        resume_at = now + min(
+                            _MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** min(failures - 1, 16)
+                        )
                         for _ in range(n):
                             self.policy.cancel(q)
-                        if error is None and failures >= self.spec.max_consecutive_failures:
-                            error = f"engine failed {failures} times in a row: {exc}"
+                        lasted = now - streak_started
+                        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
+                        if (
+                            error is None
+                            and failures >= self.spec.max_consecutive_failures
+                            and (not transient or lasted >= self.spec.failure_timeout)
+                        ):
+                            error = (
+                                f"engine failed {failures} times in a row"
+                                f" over {lasted:.1f} s: {exc}"
+                            )
+                            for other in in_flight:  # refunded below, never counted
+                                other.cancel()
                     if error is None:
                         # Only q changed, unless the budget ran out: then all may be final.
                         if self.policy.num_remaining == 0 and not swept:
@@ -283,6 +329,9 @@ class Job:
                 continue
             if everything or policy.is_finished(q):
                 state.answered = True
+                # Its answer is out: a failed sample refunded after the budget ran
+                # out must go to a question still waiting, not change a sent answer.
+                policy.stop(q)
                 self._num_answered += 1
                 event = self._answer(q, partial and not policy.is_settled(q))
                 events.append(event)

@@ -1,9 +1,10 @@
-"""Replica choice: least outstanding, rendezvous affinity with slack, health streaks."""
+"""Replica choice: least outstanding, rendezvous affinity with slack, circuit breakers."""
 
 from __future__ import annotations
 
 import pytest
-from blendserve.engines._replicas import Replica, ReplicaSet
+from blendserve import metrics
+from blendserve.engines._replicas import BreakerState, Replica, ReplicaSet
 
 URLS = ["http://a/v1", "http://b/v1", "http://c/v1"]
 
@@ -75,7 +76,7 @@ def test_removing_a_replica_moves_only_its_keys() -> None:
     keys = [f"q{i}" for i in range(300)]
     before = {k: _home(replicas, k).url for k in keys}
     assert len(set(before.values())) == 3
-    replicas.replicas[2].healthy = False
+    replicas.replicas[2].state = BreakerState.OPEN
     after = {k: _home(replicas, k).url for k in keys}
     assert all(after[k] == before[k] for k in keys if before[k] != URLS[2])
     assert URLS[2] not in after.values()
@@ -107,6 +108,56 @@ def test_failure_streak_takes_out_and_success_brings_back() -> None:
     assert replicas.pick() is None
     replicas.record_success(a)
     assert replicas.pick() is a and a.failures == 0
+
+
+def _gauge(url: str) -> float:
+    value = metrics.UPSTREAM_HEALTHY.labels(url)._value.get()
+    return float(value)
+
+
+def test_breaker_opens_half_opens_on_a_probe_and_closes_on_a_trial() -> None:
+    url = "http://breaker-a/v1"
+    replicas = ReplicaSet([url], failure_threshold=3)
+    (a,) = replicas.replicas
+    assert a.state is BreakerState.CLOSED and _gauge(url) == 1.0
+    assert [replicas.record_failure(a) for _ in range(3)] == [False, False, True]
+    assert a.state is BreakerState.OPEN and _gauge(url) == 0.0
+    assert replicas.pick() is None and replicas.acquire() is None  # refused, no waiting
+    assert replicas.unhealthy() == [a] and replicas.snapshot() == {url: False}
+    assert replicas.record_probe(a) and not replicas.record_probe(a)
+    assert a.state is BreakerState.HALF_OPEN and _gauge(url) == 0.5
+    assert replicas.unhealthy() == [] and replicas.snapshot() == {url: True}
+    trial = replicas.acquire(weight=2)
+    assert trial is a
+    assert replicas.pick() is None  # one trial at a time
+    replicas.release(a, 2)
+    replicas.record_success(a)
+    assert a.state is BreakerState.CLOSED and _gauge(url) == 1.0 and a.failures == 0
+
+
+def test_a_failed_trial_reopens_at_once() -> None:
+    url = "http://breaker-b/v1"
+    replicas = ReplicaSet([url, "http://breaker-c/v1"], failure_threshold=3)
+    a, b = replicas.replicas
+    for _ in range(3):
+        replicas.record_failure(a)
+    replicas.record_probe(a)
+    assert replicas.record_failure(a)  # one failure, not three
+    assert a.state is BreakerState.OPEN and _gauge(url) == 0.0
+    assert all(replicas.pick() is b for _ in range(3))
+    assert not replicas.record_probe(b)  # a closed breaker stays closed
+    assert b.state is BreakerState.CLOSED
+
+
+def test_a_half_open_replica_is_tried_only_when_untried_replicas_are_not_left() -> None:
+    replicas = ReplicaSet(["http://breaker-d/v1", "http://breaker-e/v1"], failure_threshold=1)
+    a, b = replicas.replicas
+    replicas.record_failure(a)
+    replicas.record_probe(a)
+    assert replicas.has_untried([b]) and not replicas.has_untried([a, b])
+    a.outstanding = 1  # its trial is in flight
+    assert not replicas.has_untried([b])
+    assert replicas.pick(avoid=[b]) is b
 
 
 @pytest.mark.parametrize(

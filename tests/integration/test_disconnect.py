@@ -1,0 +1,95 @@
+"""A client that leaves cancels its job's upstream requests within a second.
+
+blendserve runs on uvicorn with the OpenAI engine in front of a slow fake
+upstream (``tests.support.fake_openai``, not a model) that counts the
+requests it is working on. The client is a plain TCP socket, so that the
+moment it leaves is exactly when the test closes it.
+"""
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from blendserve.engines.openai import OpenAIEngine
+from blendserve.service import Settings, create_app
+
+from tests.support.fake_openai import FakeServer, FakeState
+from tests.support.live import LiveServer
+
+QUESTIONS = [{"id": f"q{i}", "prompt": f"question {i}?"} for i in range(3)]
+MESSAGES = [{"role": "user", "content": "Three?"}]
+V1 = {"blendserve": {"answer": "number", "budget_per_question": 16}}
+
+CASES = {
+    "solve-json": ("/solve", {"questions": QUESTIONS, "budget": 30}),
+    "solve-sse": ("/solve", {"questions": QUESTIONS, "budget": 30, "stream": True}),
+    "v1-chat": ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, **V1}),
+    "v1-chat-stream": (
+        "/v1/chat/completions",
+        {"model": "m", "messages": MESSAGES, "stream": True, **V1},
+    ),
+    "v1-completions": ("/v1/completions", {"model": "m", "prompt": ["a?", "b?"], **V1}),
+}
+
+
+def _until(condition: Callable[[], bool], timeout: float) -> float:
+    """Polls ``condition`` until true; returns the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.002)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeServer]:
+    server = FakeServer(FakeState(name="slow", latency=60.0, record=False)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def live(upstream: FakeServer) -> Iterator[LiveServer]:
+    engine = OpenAIEngine([upstream.url])
+
+    async def factory() -> OpenAIEngine:
+        return engine
+
+    settings = Settings(default_concurrency=4, group_wait_ms=0)
+    with LiveServer(create_app(settings, engine_factory=factory)) as server:
+        yield server
+
+
+def _request(live: LiveServer, path: str, body: dict[str, Any]) -> bytes:
+    url = httpx.URL(live.url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_client_that_leaves_drops_upstream_requests_within_a_second(
+    case: str, upstream: FakeServer, live: LiveServer
+) -> None:
+    path, body = CASES[case]
+    state = upstream.state
+    before = (state.samples_served, state.disconnects)
+    url = httpx.URL(live.url)
+    with socket.create_connection((url.host, url.port or 80), timeout=10) as client:
+        client.sendall(_request(live, path, body))
+        _until(lambda: state.in_flight > 0, 10)  # the job runs: requests are upstream
+        in_flight = state.in_flight
+    # The socket is closed: the client has left.
+    took = _until(lambda: state.in_flight == 0, 5)
+    print(f"\n{case}: {in_flight} upstream requests dropped {took * 1000:.0f} ms after leaving")
+    assert took < 1.0
+    assert state.samples_served == before[0]  # nothing was generated for nobody
+    assert state.disconnects - before[1] >= in_flight
