@@ -11,9 +11,10 @@ w, 1 - w and 2: q0 wins while w = t/T < 1/2, q1 after, and they tie at 1/2.
 """
 
 import math
+import random
 
 import pytest
-from blendserve.core import BlendPolicy
+from blendserve.core import BlendPolicy, asc_log_uncertainty, ppr_log_uncertainty
 
 
 def _steer(policy: BlendPolicy, wanted: dict[int, str]) -> None:
@@ -114,3 +115,64 @@ def test_large_counts_keep_selection_finite() -> None:
         policy.observe(q, "a" if q == 0 or policy.num_assigned[q] % 3 else "b")
     assert policy.num_assigned[0] + policy.num_assigned[1] == 4_000
     assert all(math.isfinite(s) for s in policy.scores())
+
+
+def _brute_force_scores(policy: BlendPolicy) -> list[float]:
+    """``(1 - w) rank_ASC + w rank_PPR`` from every question's state, by counting."""
+    states = [policy.votes.state(q) for q in range(policy.num_questions)]
+    asc = [asc_log_uncertainty(n1, n2) for n1, n2, _ in states]
+    ppr = [ppr_log_uncertainty(*state) for state in states]
+
+    def average_rank(values: list[float], q: int) -> float:
+        above = sum(v > values[q] for v in values)  # rank 0 is the least sure
+        return above + (sum(v == values[q] for v in values) - 1) / 2
+
+    w = policy.weight()
+    return [
+        (1 - w) * average_rank(asc, q) + w * average_rank(ppr, q)
+        for q in range(policy.num_questions)
+    ]
+
+
+def _answer(rng: random.Random, q: int, n: int) -> str | None:
+    """Question q answers "a" with probability from 0.3 (q = 0) to 0.95, else b, c or d."""
+    u = rng.random()
+    if u < 0.05:
+        return None
+    return "a" if u < 0.3 + 0.65 * q / n else rng.choice("bcd")
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3])
+def test_ranks_match_a_brute_force_count_through_a_whole_budget(max_in_flight: int) -> None:
+    n = 60
+    rng = random.Random(11)
+    policy = BlendPolicy(n, 20 * n, cap=None, seed=5, max_in_flight=max_in_flight)
+    in_flight: list[int] = []
+    while chosen := policy.select(1 if max_in_flight == 1 else 4):
+        if max_in_flight == 1 and policy.num_dispatched > n:
+            # Ranks do not move at dispatch, and every question was selectable
+            # (no cap, nothing else in flight): the choice has the least score.
+            scores = _brute_force_scores(policy)
+            assert scores[chosen[0]] == pytest.approx(min(scores))
+        in_flight += chosen
+        while len(in_flight) > (0 if max_in_flight == 1 else 6):
+            q = in_flight.pop(rng.randrange(len(in_flight)))
+            policy.observe(q, _answer(rng, q, n))
+        assert policy.scores().tolist() == pytest.approx(_brute_force_scores(policy))
+    assert policy.num_dispatched == 20 * n
+
+
+def test_many_distinct_states_grow_the_table() -> None:
+    n = 100
+    policy = BlendPolicy(n, 40 * n, cap=None, seed=2)
+    # Question q reaches its own state: 10 + q % 10 votes for "a", q // 10 for "b".
+    wanted = {q: ["a"] * (10 + q % 10) + ["b"] * (q // 10) for q in range(n)}
+    while any(wanted.values()):
+        _steer(policy, {q: keys.pop() for q, keys in wanted.items() if keys})
+    assert len({policy.votes.state(q) for q in range(n)}) == n
+    assert policy.scores().tolist() == pytest.approx(_brute_force_scores(policy))
+    rng = random.Random(3)
+    while chosen := policy.select(1):
+        policy.observe(chosen[0], _answer(rng, chosen[0], n))
+        if policy.num_remaining % 97 == 0:
+            assert policy.scores().tolist() == pytest.approx(_brute_force_scores(policy))

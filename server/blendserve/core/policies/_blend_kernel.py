@@ -1,4 +1,18 @@
-"""Compiled inner loops of Blend-ASC (numba): rank updates and the argmin."""
+"""Compiled state of Blend-ASC (numba): per-slot ranks, selectable members, the argmin.
+
+Three arrays hold the whole state, so a selection or a vote is one compiled call:
+
+- ``table[row, slot]`` (float): rows ``LOG_ASC``, ``LOG_PPR`` (the log
+  uncertainties of the slot's questions), ``RANK_ASC``, ``RANK_PPR`` (the sum
+  over questions t of ``1 + sign(u_t - u_slot)``, i.e. twice the average rank
+  plus one) and ``COUNT`` (questions in the slot).
+- ``start[b]``: the selectable questions of slot ``s`` occupy
+  ``order[start[s + 1]:start[s + 2]]``; bucket 0 (``order[:start[1]]``) holds
+  the questions that are not selectable. Moving a question between buckets
+  shifts the boundaries in between, in O(distance) swaps.
+- ``questions[row, i]`` (int): rows ``SLOT_OF`` (question -> slot), ``POSITION``
+  (question -> index in ``order``) and ``ORDER`` (index -> question).
+"""
 
 from __future__ import annotations
 
@@ -6,73 +20,147 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+LOG_ASC, LOG_PPR, RANK_ASC, RANK_PPR, COUNT = range(5)
+SLOT_OF, POSITION, ORDER = range(3)
+
 
 @njit(cache=True, nogil=True)
-def move_one(
-    log_u: NDArray[np.float64],
-    rank2: NDArray[np.float64],
-    count: NDArray[np.float64],
-    num_slots: int,
-    old: int,
-    new: int,
-    created: bool,
-    num_questions: int,
-    new_asc: float,
-    new_ppr: float,
-) -> bool:
-    """Moves one question from slot ``old`` to ``new`` and updates every slot's ranks.
+def _shift(start: NDArray[np.int64], questions: NDArray[np.int64], q: int, to: int) -> None:
+    """Moves ``q`` from its bucket to bucket ``to`` (0: not selectable, s + 1: slot s)."""
+    p = questions[POSITION, q]
+    b = 0 if p < start[1] else questions[SLOT_OF, q] + 1
+    while b < to:  # swap q to the end of bucket b, which then shrinks by one
+        end = start[b + 1] - 1
+        other = questions[ORDER, end]
+        questions[ORDER, p], questions[POSITION, other] = other, p
+        questions[ORDER, end], questions[POSITION, q] = q, end
+        start[b + 1] = p = end
+        b += 1
+    while b > to:  # swap q to the front of bucket b, which then shrinks by one
+        first = start[b]
+        other = questions[ORDER, first]
+        questions[ORDER, p], questions[POSITION, other] = other, p
+        questions[ORDER, first], questions[POSITION, q] = q, first
+        p = first
+        start[b] = first + 1
+        b -= 1
 
-    ``rank2[r, s]`` is the sum over questions t of ``1 + sign(u_t - u_s)`` for
-    score row r (0: ASC, 1: PPR-1v1), i.e. twice the average rank plus one.
-    A ``created`` slot gets the log uncertainties ``new_asc``, ``new_ppr`` and
-    its ranks from scratch first.
+
+@njit(cache=True, nogil=True)
+def set_selectable(
+    start: NDArray[np.int64], questions: NDArray[np.int64], q: int, selectable: bool
+) -> None:
+    """Adds ``q`` to (or removes it from) the selectable members of its slot."""
+    _shift(start, questions, q, questions[SLOT_OF, q] + 1 if selectable else 0)
+
+
+@njit(cache=True, nogil=True)
+def move_question(
+    table: NDArray[np.float64],
+    start: NDArray[np.int64],
+    questions: NDArray[np.int64],
+    num_slots: int,
+    q: int,
+    log_asc: float,
+    log_ppr: float,
+    selectable: bool,
+) -> int:
+    """Moves question ``q`` to the slot of scores ``(log_asc, log_ppr)`` and updates every rank.
+
+    The slot is one holding these scores (equal scores share their ranks),
+    else an empty slot, else slot ``num_slots`` (which must fit in ``table``).
+    Every slot's ranks stay current, empty or not, so a slot is ranked from
+    scratch only when it takes new scores. ``q`` is then made selectable if
+    ``selectable`` (it stays selectable if it was).
 
     Returns:
-        Whether slot ``old`` is now empty.
+        The number of slots in use (``num_slots`` or one more).
     """
-    if created:
-        log_u[0, new] = new_asc
-        log_u[1, new] = new_ppr
-    for r in range(2):
-        u_new = log_u[r, new]
-        u_old = log_u[r, old]
-        if created:
+    new = -1
+    empty = -1
+    for s in range(num_slots):
+        if table[LOG_ASC, s] == log_asc and table[LOG_PPR, s] == log_ppr:
+            new = s
+            break
+        if empty < 0 and table[COUNT, s] == 0.0:
+            empty = s
+    if new < 0:
+        if empty < 0:
+            empty = num_slots
+            num_slots += 1
+        new = empty
+        table[LOG_ASC, new] = log_asc
+        table[LOG_PPR, new] = log_ppr
+        num_questions = questions.shape[1]
+        for r in range(2):
             above = 0.0
             for s in range(num_slots):
-                above += count[s] * np.sign(u_new - log_u[r, s])
-            rank2[r, new] = num_questions - above
-        for s in range(num_slots):
-            u = log_u[r, s]
-            rank2[r, s] += np.sign(u_new - u) - np.sign(u_old - u)
-    count[old] -= 1.0
-    count[new] += 1.0
-    return bool(count[old] == 0.0)
+                above += table[COUNT, s] * np.sign(table[LOG_ASC + r, new] - table[LOG_ASC + r, s])
+            table[RANK_ASC + r, new] = num_questions - above
+    old = questions[SLOT_OF, q]
+    if old != new:
+        for r in range(2):
+            u_new = table[LOG_ASC + r, new]
+            u_old = table[LOG_ASC + r, old]
+            rank = table[RANK_ASC + r]
+            # Question q moves from u_old to u_new: each slot's sum changes by this.
+            for s in range(num_slots):
+                u = table[LOG_ASC + r, s]
+                rank[s] += np.sign(u_new - u) - np.sign(u_old - u)
+        table[COUNT, old] -= 1.0
+        table[COUNT, new] += 1.0
+        if questions[POSITION, q] >= start[1]:
+            _shift(start, questions, q, new + 1)
+        questions[SLOT_OF, q] = new
+    if selectable:
+        _shift(start, questions, q, new + 1)
+    return num_slots
 
 
 @njit(cache=True, nogil=True)
-def best_slots(
-    rank2: NDArray[np.float64],
-    blocked: NDArray[np.bool_],
+def _score(table: NDArray[np.float64], s: int, w: float) -> float:
+    return table[RANK_ASC, s] + w * (table[RANK_PPR, s] - table[RANK_ASC, s])
+
+
+@njit(cache=True, nogil=True)
+def take_best(
+    table: NDArray[np.float64],
+    start: NDArray[np.int64],
+    questions: NDArray[np.int64],
     num_slots: int,
     w: float,
-    out: NDArray[np.int64],
+    u: float,
 ) -> int:
-    """Writes the selectable slots of least ``(1 - w) rank_ASC + w rank_PPR`` to ``out``.
+    """Takes a selectable question of least ``(1 - w) rank_ASC + w rank_PPR``.
+
+    Ties go to a question drawn uniformly, by ``u`` in [0, 1), among all the
+    tied questions (not slots). The question taken is no longer selectable.
 
     Returns:
-        How many slots tie for the least score (0 if none is selectable).
+        The question, or -1 if none is selectable.
     """
     best = np.inf
     num_tied = 0
     for s in range(num_slots):
-        if blocked[s]:
+        size = start[s + 2] - start[s + 1]
+        if size == 0:
             continue
-        score = rank2[0, s] + w * (rank2[1, s] - rank2[0, s])
+        score = _score(table, s, w)
         if score < best:
             best = score
-            out[0] = s
-            num_tied = 1
+            num_tied = size
         elif score == best:
-            out[num_tied] = s
-            num_tied += 1
-    return num_tied
+            num_tied += size
+    if num_tied == 0:
+        return -1
+    pick = min(int(u * num_tied), num_tied - 1)
+    for s in range(num_slots):
+        size = start[s + 2] - start[s + 1]
+        if size == 0 or _score(table, s, w) != best:
+            continue
+        if pick < size:
+            q = questions[ORDER, start[s + 1] + pick]
+            _shift(start, questions, q, 0)
+            return q
+        pick -= size
+    return -1

@@ -79,6 +79,7 @@ class AllocationPolicy(ABC):
         self.budget = budget
         self.num_dispatched = 0
         self.settle_log_delta = math.log(settle_delta) if settle_delta > 0 else -math.inf
+        self._settles = settle_delta > 0
         self.rng = random.Random(seed)
         # question index -> samples dispatched (observed + in flight)
         self.num_assigned: list[int] = [0] * num_questions
@@ -134,15 +135,18 @@ class AllocationPolicy(ABC):
             Question indices, best first; fewer than ``k`` (possibly none) when
             the budget or the selectable questions run out.
         """
-        k = min(k, self.budget - self.num_dispatched)
+        num_left = self.budget - self.num_dispatched
+        if k > num_left:
+            k = num_left
         chosen: list[int] = []
-        while len(chosen) < k and self._unsampled:
+        while self._unsampled and len(chosen) < k:
             q = self._unsampled.popleft()
             if self._flags[q] == 0 and self.num_assigned[q] == 0:
+                self._on_selectable(q, False)
                 chosen.append(q)
                 self._dispatch(q)
         if len(chosen) < k:
-            picked = self._choose(k - len(chosen))
+            picked = self._choose(k - len(chosen))  # already out of the selectable set
             for q in picked:
                 self._dispatch(q)
             chosen += picked
@@ -160,19 +164,20 @@ class AllocationPolicy(ABC):
         does not vote.
         """
         self._num_pending -= 1
-        self.num_pending_of[q] -= 1
+        num_pending = self.num_pending_of[q] = self.num_pending_of[q] - 1
         self.votes.add(q, key)
-        self._on_vote(q, key)
         if (
-            self.settle_log_delta > -math.inf
+            self._settles
             and not self._settled[q]
             and self.votes.n1[q] > 0
             and ppr_log_uncertainty(*self.votes.state(q)) <= self.settle_log_delta
         ):
             self._settled[q] = True
             self._set(q, _FINISHED)
-        if self.num_pending_of[q] < self.max_in_flight:
-            self._clear(q, _PENDING)
+        before = self._flags[q]
+        after = before & ~_PENDING if num_pending < self.max_in_flight else before
+        self._flags[q] = after
+        self._on_vote(q, key, before != 0 and after == 0)
 
     def cancel(self, q: int) -> None:
         """Refunds a dispatched sample of ``q`` that produced nothing."""
@@ -200,6 +205,8 @@ class AllocationPolicy(ABC):
         granted = 0
         stop = _CAPPED | _FINISHED
         while granted < k and self.num_dispatched < self.budget and not self._flags[q] & stop:
+            if self._flags[q] == 0:
+                self._on_selectable(q, False)
             self._dispatch(q)
             granted += 1
         self._clear(q, _CHOSEN)
@@ -210,20 +217,19 @@ class AllocationPolicy(ABC):
         self._set(q, _FINISHED)
 
     def _dispatch(self, q: int) -> None:
+        """Counts one sample of ``q``, which is already out of the selectable set."""
         self.num_dispatched += 1
         self._num_pending += 1
-        self.num_pending_of[q] += 1
-        self.num_assigned[q] += 1
-        if self.num_pending_of[q] >= self.max_in_flight:
-            self._set(q, _PENDING)
-        elif self.max_in_flight > 1:
-            self._set(q, _CHOSEN)
+        num_assigned = self.num_assigned[q] = self.num_assigned[q] + 1
+        num_pending = self.num_pending_of[q] = self.num_pending_of[q] + 1
+        flags = self._flags[q] | (_PENDING if num_pending >= self.max_in_flight else _CHOSEN)
+        self._flags[q] = flags
         if self.cap is not None:
             # Paper, section 4: questions holding more than cap x the mean are skipped.
             limit = self.cap * self.num_dispatched / self._num_questions
-            if self.num_assigned[q] > limit and not self._flags[q] & _CAPPED:
-                heapq.heappush(self._capped, (self.num_assigned[q], q))
-                self._set(q, _CAPPED)
+            if num_assigned > limit and not flags & _CAPPED:
+                heapq.heappush(self._capped, (num_assigned, q))
+                self._flags[q] = flags | _CAPPED
             while self._capped and self._capped[0][0] <= limit:
                 self._clear(heapq.heappop(self._capped)[1], _CAPPED)
 
@@ -248,7 +254,10 @@ class AllocationPolicy(ABC):
 
     @abstractmethod
     def _choose(self, k: int) -> list[int]:
-        """Up to ``k`` distinct selectable questions, best first (not yet dispatched)."""
+        """Takes up to ``k`` distinct selectable questions, best first, out of the selectable set.
+
+        They are dispatched next; ``_on_selectable(q, False)`` is not called for them.
+        """
 
     @abstractmethod
     def _has_selectable(self) -> bool:
@@ -257,5 +266,11 @@ class AllocationPolicy(ABC):
     def _on_selectable(self, q: int, selectable: bool) -> None:
         """Hook: ``q`` became selectable (True) or stopped being selectable."""
 
-    def _on_vote(self, q: int, key: Hashable | None) -> None:
-        """Hook: one sample of ``q`` was observed."""
+    def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
+        """Hook: one sample of ``q`` was observed.
+
+        ``selectable``: ``q`` has just become selectable, and this hook stands
+        for ``_on_selectable(q, True)`` (policies may do both in one step).
+        """
+        if selectable:
+            self._on_selectable(q, True)

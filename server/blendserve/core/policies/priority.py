@@ -69,7 +69,8 @@ class PriorityPolicy(AllocationPolicy):
         while self._heap and len(chosen) < k:
             _, _, token, q = heapq.heappop(self._heap)
             if self._token[q] == token:
-                self._token[q] = -1  # consumed: q is about to be dispatched
+                self._token[q] = -1  # taken: q is about to be dispatched
+                self._num_selectable -= 1
                 chosen.append(q)
         return chosen
 
@@ -112,7 +113,8 @@ class ESCPolicy(PriorityPolicy):
         """Samples assigned so far."""
         return self.num_assigned[q]
 
-    def _on_vote(self, q: int, key: Hashable | None) -> None:
+    def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
+        super()._on_vote(q, key, selectable)
         current = self._windows[q]
         current.append(key)
         if len(current) == self.window:
