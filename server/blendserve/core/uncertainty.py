@@ -35,7 +35,7 @@ def asc_log_uncertainty(n1: int, n2: int) -> float:
         A finite log-probability; larger means less sure. Stays finite and
         strictly ordered for counts up to at least 100,000.
     """
-    value = cython_special.betainc(n1 + 1.0, n2 + 1.0, 0.5)
+    value = float(cython_special.betainc(n1 + 1.0, n2 + 1.0, 0.5))
     if value > _UNDERFLOW:
         return math.log(value)
     # I_{1/2}(n1+1, n2+1) = P[Binomial(m, 1/2) <= n2] with m = n1 + n2 + 1.
@@ -64,5 +64,5 @@ def ppr_log_uncertainty(n1: int, n2: int, num_distinct: int) -> float:
     return (
         math.log(max(2, num_distinct) - 1)
         - (n1 + n2) * _LOG2
-        - cython_special.betaln(n1 + 1.0, n2 + 1.0)
+        - float(cython_special.betaln(n1 + 1.0, n2 + 1.0))
     )

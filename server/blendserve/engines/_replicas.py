@@ -21,7 +21,9 @@ Health rule, a circuit breaker per replica (:class:`BreakerState`):
   it), so no call waits on a replica known to be down. The engine probes it;
   a successful probe half-opens it.
 * ``HALF_OPEN``: takes one trial request at a time. A success closes it, a
-  failure opens it again.
+  failure opens it again. The engine keeps probing it while a trial is in
+  flight: each successful probe admits one more trial, so a trial that hangs
+  does not hold the replica for a whole request timeout.
 
 With every replica open (or half-open with its trial in flight) ``pick``
 returns None and the engine fails the call with ``EngineUnavailable`` instead
@@ -56,6 +58,8 @@ class Replica:
     Attributes:
         url: normalised base URL (ends in ``/v1``).
         outstanding: sequences in flight on it.
+        requests: requests in flight on it.
+        trials: requests a half-open breaker takes at once.
         failures: consecutive failures since the last success.
         state: its circuit breaker's state.
         n_honoured: whether it returned ``n`` choices when asked for ``n``
@@ -64,6 +68,8 @@ class Replica:
 
     url: str
     outstanding: int = 0
+    requests: int = 0
+    trials: int = 1
     failures: int = 0
     state: BreakerState = BreakerState.CLOSED
     n_honoured: bool | None = None
@@ -75,10 +81,10 @@ class Replica:
 
     @property
     def available(self) -> bool:
-        """Whether it takes a request now: closed, or half-open with no trial in flight."""
+        """Whether it takes a request now: closed, or half-open with a trial to spare."""
         state = self.state
         return state is BreakerState.CLOSED or (
-            state is BreakerState.HALF_OPEN and self.outstanding == 0
+            state is BreakerState.HALF_OPEN and self.requests < self.trials
         )
 
     def _set(self, state: BreakerState) -> None:
@@ -164,11 +170,13 @@ class ReplicaSet:
         replica = self.pick(key, avoid)
         if replica is not None:
             replica.outstanding += weight
+            replica.requests += 1
         return replica
 
     def release(self, replica: Replica, weight: int = 1) -> None:
         """Returns ``weight`` outstanding sequences charged by :meth:`acquire`."""
         replica.outstanding -= weight
+        replica.requests -= 1
 
     def record_success(self, replica: Replica) -> None:
         """The replica answered: its failure streak ends and its breaker closes."""
@@ -188,15 +196,26 @@ class ReplicaSet:
         return False
 
     def record_probe(self, replica: Replica) -> bool:
-        """A probe of an open replica succeeded: half-opens it; True if it was open."""
+        """A probe succeeded: half-opens an open replica (True) or admits one more trial."""
         if replica.state is BreakerState.OPEN:
+            replica.trials = 1
             replica._set(BreakerState.HALF_OPEN)
             return True
+        if replica.state is BreakerState.HALF_OPEN:
+            replica.trials += 1
         return False
 
     def unhealthy(self) -> list[Replica]:
         """Replicas whose breaker is open."""
         return [r for r in self.replicas if r.state is BreakerState.OPEN]
+
+    def recovering(self) -> bool:
+        """Whether some breaker is not closed (the engine keeps probing)."""
+        return any(r.state is not BreakerState.CLOSED for r in self.replicas)
+
+    def to_probe(self) -> list[Replica]:
+        """Replicas to probe now: open, or half-open with every trial in flight."""
+        return [r for r in self.replicas if r.state is not BreakerState.CLOSED and not r.available]
 
     def has_untried(self, tried: Collection[Replica]) -> bool:
         """Whether some available replica is not in ``tried``."""

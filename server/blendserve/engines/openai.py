@@ -461,9 +461,9 @@ class OpenAIEngine(Engine):
                 self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def _probe_loop(self) -> None:
-        while down := self._replicas.unhealthy():
+        while self._replicas.recovering():
             await asyncio.sleep(self._probe_interval)
-            await asyncio.gather(*(self._probe(r) for r in down))
+            await asyncio.gather(*(self._probe(r) for r in self._replicas.to_probe()))
 
     async def _probe(self, replica: Replica) -> None:
         try:

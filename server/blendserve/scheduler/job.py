@@ -140,6 +140,7 @@ class Job:
         self._states = [_QuestionState() for _ in spec.questions]
         self._usage = Usage()
         self._num_answered = 0
+        self._cancelled: str | None = None  # why cancel() ended the job
         # task -> (question index, samples requested)
         self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
 
@@ -153,6 +154,20 @@ class Job:
         for task, (question, _) in self._in_flight.items():
             if question == q:
                 task.cancel()
+
+    def cancel(self, reason: str) -> None:
+        """Ends the job now: no more samples, in-flight requests cancelled and refunded.
+
+        Every question still gets its answer (marked partial), and the job
+        ends with status ``CANCELLED`` and ``reason`` as its error.
+        """
+        if self.status.finished or self._cancelled is not None:
+            return
+        self._cancelled = reason
+        for q in range(len(self._states)):
+            self.policy.stop(q)
+        for task in self._in_flight:
+            task.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
         """Runs the job, yielding answers as they settle, progress, and a final summary."""
@@ -223,16 +238,21 @@ class Job:
                             candidates: Iterable[int] = range(len(self._states))
                         else:
                             candidates = (q,)
-                        for event in self._final_answers(candidates):
+                        cut = self._cancelled is not None
+                        for event in self._final_answers(candidates, partial=cut):
                             yield event
                 now = loop.time()
                 if now - last_progress >= self.spec.progress_interval:
                     last_progress = now
                     yield self._progress()
             everyone = range(len(self._states))
-            for event in self._final_answers(everyone, everything=True, partial=error is not None):
+            cut = error is not None or self._cancelled is not None
+            for event in self._final_answers(everyone, everything=True, partial=cut):
                 yield event
-            self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
+            if self._cancelled is not None:
+                self.status, error = JobStatus.CANCELLED, error or self._cancelled
+            else:
+                self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
             self._metrics.end(
                 self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, loop.time()
             )

@@ -19,6 +19,7 @@ from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
+from blendserve.service.shutdown import RunningJobs
 from blendserve.service.solve.handlers import make_keyer
 from blendserve.service.solve.routes import router as solve_router
 from blendserve.service.system.routes import router as system_router
@@ -64,6 +65,8 @@ def create_app(
             max_questions=settings.group_max,
             concurrency=settings.default_concurrency,
             request_timeout=settings.upstream_timeout,
+            failure_timeout=settings.job_failure_timeout,
+            running=app.state.running,
         )
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
@@ -75,6 +78,7 @@ def create_app(
             await asyncio.gather(warming, return_exceptions=True)
 
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
+    app.state.running = RunningJobs()
     install_error_handlers(app)
     app.include_router(system_router)
     app.include_router(solve_router)

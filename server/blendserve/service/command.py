@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +19,7 @@ __all__ = ["add_parser", "run"]
 _FLAGS = (
     "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
     "log_level", "group_wait_ms", "group_max", "sc_budget_per_question", "sc_policy",
-    "api_key_file", "replay_latency_s",
+    "api_key_file", "metrics_auth", "replay_latency_s", "shutdown_grace_s",
 )  # fmt: skip
 
 
@@ -54,7 +55,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="accepted bearer keys, one a line (with BLENDSERVE_API_KEYS)",
     )
     parser.add_argument(
+        "--metrics-auth",
+        action="store_true",
+        default=None,
+        help="ask for an API key on /metrics too (open by default)",
+    )
+    parser.add_argument(
         "--replay-latency-s", type=float, help="replay engine: seconds each request takes"
+    )
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        help="on SIGTERM, running jobs get this long before they are cancelled (default 30)",
     )
     parser.set_defaults(handler=run)
 
@@ -73,19 +85,32 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from blendserve.service.app import create_app
+    from blendserve.service.shutdown import DrainingServer
 
     try:
         app = create_app(settings)
     except OSError as exc:
         print(f"blendserve serve: error: api key file: {exc}", file=sys.stderr)
         return 2
-    # On SIGTERM uvicorn stops accepting, lets running requests (jobs) finish for
+    # On SIGTERM the server stops accepting, lets running jobs finish for
     # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level
     )
-    return 0
+    # After its graceful shutdown uvicorn raises the signal again under the handler
+    # found at startup; with the default one SIGTERM would kill the process now,
+    # and a clean drain would look like a crash (exit 143). It is handled: exit 0.
+    server = DrainingServer(config, app.state.running, settings.shutdown_grace_s)
+    previous = signal.signal(signal.SIGTERM, _drained)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # the same: uvicorn raises SIGINT again after its shutdown
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # uvicorn's own exit code when the app or the socket could not start
+    return 0 if server.started else 3
+
+
+def _drained(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM once uvicorn has shut down: nothing left to do."""

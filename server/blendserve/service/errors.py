@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError as FastAPIValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from blendserve.errors import (
     BlendserveError,
@@ -18,7 +21,14 @@ from blendserve.errors import (
     ServiceOverloaded,
 )
 
-__all__ = ["error_body", "install_error_handlers", "status_for"]
+__all__ = [
+    "ErrorDetail",
+    "ErrorResponse",
+    "error_body",
+    "error_responses",
+    "install_error_handlers",
+    "status_for",
+]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
@@ -34,6 +44,40 @@ def status_for(exc: BaseException) -> int:
     if isinstance(exc, (EngineUnavailable, EngineProtocolError, EngineError)):
         return 502 if isinstance(exc, EngineProtocolError) else 503
     return 500
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong, as OpenAI reports it."""
+
+    message: str
+    type: str
+    code: int | str = Field(description="the HTTP status, or a name such as invalid_api_key")
+    param: str | None = Field(None, description="the request field at fault, if one is")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response: ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "the body cannot be read (not UTF-8)",
+    401: "missing or invalid API key",
+    413: "request body too large",
+    422: "invalid request (the field at fault in error.param)",
+    429: "too much work running: retry after Retry-After seconds",
+    502: "the engine answered with something unusable",
+    503: "the engine is unavailable",
+    504: "the engine timed out",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` declaring ``codes`` with the error body, for a route decorator."""
+    return {
+        code: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[code]} for code in codes
+    }
 
 
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, object]:
@@ -55,12 +99,24 @@ async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FastAPIValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    param = ".".join(str(part) for part in first["loc"] if part != "body") or None
+    if first.get("type") == "json_invalid":  # its loc is a character position, not a field
+        param = None
+    else:
+        param = ".".join(str(part) for part in first["loc"] if part != "body") or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return JSONResponse(error_body(message, "invalid_request_error", 422, param), 422)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette's and FastAPI's own refusals (unreadable body, 404, 405) in the same shape.
+    assert isinstance(exc, HTTPException)
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    body = error_body(str(exc.detail), type_, exc.status_code)
+    return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Registers the handlers that turn exceptions into error bodies."""
     app.add_exception_handler(BlendserveError, _blendserve_error)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(FastAPIValidationError, _validation_error)

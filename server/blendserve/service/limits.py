@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blendserve.errors import RequestValidationError, ServiceOverloaded
 
-__all__ = ["Admission", "BodySizeLimit", "JobLimits", "Slot", "release_after"]
+__all__ = ["Admission", "BodySizeLimit", "HeldStreamingResponse", "JobLimits", "Prompt", "Slot"]
+
+#: A question's prompt or chat messages.
+Prompt = str | Sequence[Mapping[str, Any]]
 
 
 class JobLimits:
@@ -37,39 +41,43 @@ class JobLimits:
 
     def check(
         self,
-        prompts: Sequence[str | Sequence[Mapping[str, Any]] | None],
+        prompts: Mapping[str, Prompt],
         budget: float,
         *,
-        prefix: str = "",
+        questions_param: str,
+        budget_param: str,
     ) -> None:
-        """Raises a 422 naming the field when a limit is passed.
+        """Raises a 422 naming the offending field when a limit is passed.
 
         Args:
-            prompts: each question's prompt or chat messages.
+            prompts: each question's prompt or chat messages, by the field that holds it
+                (``questions.0.prompt``, ``messages``).
             budget: the job's total budget in samples.
-            prefix: the request's path to the questions (``questions``, ``messages``).
+            questions_param: the field that lists the questions.
+            budget_param: the field the budget was given in.
         """
         count = len(prompts)
         if count > self.max_questions:
             raise RequestValidationError(
-                f"{count} questions: at most {self.max_questions} per job", param=prefix or None
+                f"{count} questions: at most {self.max_questions} per job", param=questions_param
             )
         if budget > self.max_budget:
             raise RequestValidationError(
-                f"budget {budget:g}: at most {self.max_budget} samples per job", param="budget"
+                f"budget of {budget:g} samples: at most {self.max_budget} per job",
+                param=budget_param,
             )
         if count and budget / count > self.max_budget_per_question:
             raise RequestValidationError(
                 f"{budget / count:g} samples per question: at most "
                 f"{self.max_budget_per_question:g}",
-                param="budget_per_question",
+                param=budget_param,
             )
-        for i, prompt in enumerate(prompts):
-            size = len(prompt.encode() if isinstance(prompt, str) else json.dumps(prompt).encode())
+        for param, prompt in prompts.items():
+            text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+            size = len(text.encode())
             if size > self.max_prompt_bytes:
                 raise RequestValidationError(
-                    f"prompt of {size} bytes: at most {self.max_prompt_bytes}",
-                    param=f"{prefix}.{i}" if prefix else None,
+                    f"prompt of {size} bytes: at most {self.max_prompt_bytes}", param=param
                 )
 
 
@@ -86,12 +94,18 @@ class Admission:
         self.jobs = 0
         self.questions = 0
 
-    def admit(self, questions: int) -> Slot:
+    def admit(self, questions: int, *, param: str = "questions") -> Slot:
         """One job slot and ``questions`` question slots, held until :meth:`Slot.release`.
 
         Raises:
-            ServiceOverloaded: a limit would be passed.
+            RequestValidationError: more questions than ever fit (naming ``param``);
+                a retry cannot help, so not a 429.
+            ServiceOverloaded: a limit would be passed now.
         """
+        if questions > self.max_questions:
+            raise RequestValidationError(
+                f"{questions} questions: at most {self.max_questions} run at once", param=param
+            )
         if self.jobs + 1 > self.max_jobs:
             raise ServiceOverloaded(f"{self.jobs} jobs running: at most {self.max_jobs}")
         if self.questions + questions > self.max_questions:
@@ -118,13 +132,44 @@ class Slot:
             self._admission = None
 
 
-async def release_after(body: AsyncIterator[str], slot: Slot) -> AsyncIterator[str]:
-    """Streams ``body``, then releases ``slot``, however the stream ends."""
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        slot.release()
+class HeldStreamingResponse(StreamingResponse):
+    """A streamed response that holds ``slot`` until it ends, however it ends.
+
+    When the response ends (finished, failed, cancelled, or the client left)
+    the body is closed, ``on_close`` runs and the slot is released, even if
+    the body never started: a generator's own ``finally`` would not run then.
+
+    Args:
+        content: the body.
+        slot: released when the response ends.
+        on_close: also run when the response ends (e.g. abandon the work).
+        **kwargs: as for ``StreamingResponse``.
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        slot: Slot,
+        *,
+        on_close: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._content = content
+        self._slot = slot
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                if isinstance(self._content, AsyncGenerator):
+                    await self._content.aclose()
+                if self._on_close is not None:
+                    self._on_close()
+            finally:
+                self._slot.release()
 
 
 class BodySizeLimit:

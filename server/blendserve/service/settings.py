@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     model: str | None = None
     upstream_api_key: str | None = None
     upstream_timeout: float = Field(600.0, gt=0)
+    job_failure_timeout: float = Field(
+        5.0, ge=0, description="seconds a job outlives every upstream being down"
+    )
     session_header: str | None = Field(None, description="question id header (session routing)")
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
@@ -67,12 +70,19 @@ class Settings(BaseSettings):
         """The API keys that open the service: ``api_keys`` and ``api_key_file``'s lines.
 
         Raises:
-            OSError: the key file cannot be read.
+            OSError: the key file cannot be read, is not text or holds no key.
         """
         keys = set(self.api_keys)
         if self.api_key_file is not None:
-            lines = self.api_key_file.read_text().splitlines()
-            keys.update(line.strip() for line in lines if line.strip())
+            try:
+                lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError as exc:
+                raise OSError(f"{self.api_key_file}: not UTF-8 text") from exc
+            in_file = {line.strip() for line in lines if line.strip()}
+            if not in_file:
+                # An empty file must not leave the service open.
+                raise OSError(f"{self.api_key_file}: no keys in the file")
+            keys.update(in_file)
         return frozenset(keys)
 
     def engine_config(self) -> EngineConfig:

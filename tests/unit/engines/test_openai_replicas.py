@@ -124,15 +124,23 @@ def test_breaker_opens_half_opens_on_a_probe_and_closes_on_a_trial() -> None:
     assert a.state is BreakerState.OPEN and _gauge(url) == 0.0
     assert replicas.pick() is None and replicas.acquire() is None  # refused, no waiting
     assert replicas.unhealthy() == [a] and replicas.snapshot() == {url: False}
-    assert replicas.record_probe(a) and not replicas.record_probe(a)
+    assert replicas.to_probe() == [a] and replicas.recovering()
+    assert replicas.record_probe(a)
     assert a.state is BreakerState.HALF_OPEN and _gauge(url) == 0.5
     assert replicas.unhealthy() == [] and replicas.snapshot() == {url: True}
+    assert replicas.to_probe() == []  # its trial is still to come
     trial = replicas.acquire(weight=2)
     assert trial is a
     assert replicas.pick() is None  # one trial at a time
+    assert replicas.to_probe() == [a]
+    # A trial that hangs does not hold the replica: each good probe admits one more.
+    assert not replicas.record_probe(a)
+    assert replicas.acquire() is a and replicas.pick() is None
+    replicas.release(a)
     replicas.release(a, 2)
     replicas.record_success(a)
     assert a.state is BreakerState.CLOSED and _gauge(url) == 1.0 and a.failures == 0
+    assert not replicas.recovering()
 
 
 def test_a_failed_trial_reopens_at_once() -> None:
@@ -155,7 +163,7 @@ def test_a_half_open_replica_is_tried_only_when_untried_replicas_are_not_left() 
     replicas.record_failure(a)
     replicas.record_probe(a)
     assert replicas.has_untried([b]) and not replicas.has_untried([a, b])
-    a.outstanding = 1  # its trial is in flight
+    assert replicas.acquire(avoid=[b]) is a  # its trial is in flight
     assert not replicas.has_untried([b])
     assert replicas.pick(avoid=[b]) is b
 

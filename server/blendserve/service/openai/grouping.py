@@ -18,6 +18,7 @@ from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import Engine, SamplingParams
 from blendserve.errors import EngineUnavailable, SchedulerError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Keyer, Question
+from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["GroupSettings", "Grouper", "Ticket"]
 
@@ -79,6 +80,8 @@ class Grouper:
         max_questions: a group with this many questions starts at once.
         concurrency: samples in flight per job.
         request_timeout: seconds per engine request, retries included.
+        failure_timeout: seconds of engine failures in a row that end a job.
+        running: where the jobs are tracked for a shutdown (None: not tracked).
     """
 
     def __init__(
@@ -90,6 +93,8 @@ class Grouper:
         max_questions: int,
         concurrency: int,
         request_timeout: float | None = None,
+        failure_timeout: float = 5.0,
+        running: RunningJobs | None = None,
     ) -> None:
         self.engine = engine
         self._keyer_for = keyer_for
@@ -97,6 +102,8 @@ class Grouper:
         self.max_questions = max_questions
         self.concurrency = concurrency
         self.request_timeout = request_timeout
+        self.failure_timeout = failure_timeout
+        self.jobs = running if running is not None else RunningJobs()
         self._open: dict[str, _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
         #: Jobs started so far.
@@ -148,9 +155,10 @@ class Grouper:
             settle_delta=settings.settle_delta,
             concurrency=self.concurrency,
             request_timeout=self.request_timeout,
+            failure_timeout=self.failure_timeout,
         )
         keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-        group.job = Job(spec, self.engine, keyer)
+        group.job = self.jobs.add(Job(spec, self.engine, keyer))
         self.jobs_started += 1
         group.task = asyncio.get_running_loop().create_task(self._run(group, live))
         self._running.add(group.task)

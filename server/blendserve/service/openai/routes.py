@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -10,12 +11,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from blendserve.engines.base import Engine, GenerateRequest, Sample
-from blendserve.errors import RequestValidationError
+from blendserve.errors import BlendserveError, RequestValidationError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
-from blendserve.service.limits import JobLimits, Slot
+from blendserve.service.errors import error_body, error_responses, status_for
+from blendserve.service.limits import HeldStreamingResponse, JobLimits, Prompt, Slot
 from blendserve.service.openai.grouping import Grouper, GroupSettings
 from blendserve.service.openai.render import (
+    DONE,
     Reply,
     choices_from_answers,
     choices_from_samples,
@@ -35,7 +38,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1")
 
 _STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"text/event-stream": {}}, "description": "chunks when streamed"}
+    200: {"content": {"text/event-stream": {}}, "description": "chunks when streamed"},
+    **error_responses(400, 401, 413, 422, 429, 502, 503, 504),
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -92,9 +96,19 @@ async def _self_consistent(
     )
     budget = options.budget_per_question or settings.sc_budget_per_question
     limits: JobLimits = request.app.state.limits
-    prompts = [q.prompt if q.prompt is not None else q.messages for q in questions]
-    limits.check(prompts, budget * len(questions), prefix="messages" if chat else "prompt")
-    slot: Slot = request.app.state.admission.admit(len(questions))
+    questions_param = "messages" if chat else "prompt"
+    listed = isinstance(body, CompletionRequest) and not isinstance(body.prompt, str)
+    prompts: dict[str, Prompt] = {
+        f"{questions_param}.{i}" if listed else questions_param: q.prompt or q.messages or ""
+        for i, q in enumerate(questions)
+    }
+    limits.check(
+        prompts,
+        budget * len(questions),
+        questions_param=questions_param,
+        budget_param="blendserve.budget_per_question",
+    )
+    slot: Slot = request.app.state.admission.admit(len(questions), param=questions_param)
     ticket = grouper.submit(group, questions, budget)
     reply = Reply(chat, _model(request, body.model))
 
@@ -111,14 +125,27 @@ async def _self_consistent(
         async def stream() -> AsyncIterator[str]:
             try:
                 yield reply.opening()
-                choices, usage, votes = render(await ticket.answers())
+                try:
+                    events = await ticket.answers()
+                except BlendserveError as exc:
+                    # The 200 went out with the opening chunk: the error is a chunk.
+                    error = error_body(str(exc), type(exc).__name__, status_for(exc))
+                    yield f"data: {json.dumps(error)}\n\n"
+                    yield DONE
+                    return
+                choices, usage, votes = render(events)
                 for chunk in reply.chunks(choices, usage if body.include_usage else None, votes):
                     yield chunk
             finally:
                 ticket.abandon()  # a no-op once answered
-                slot.release()
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return HeldStreamingResponse(
+            stream(),
+            slot,
+            on_close=ticket.abandon,
+            media_type="text/event-stream",
+            headers=_SSE_HEADERS,
+        )
     try:
         events = await while_connected(request, ticket.answers())
     except ClientGone:

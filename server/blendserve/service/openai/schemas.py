@@ -13,10 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blendserve.engines.base import SamplingParams
 from blendserve.service.solve.schemas import (
-    SERVING_POLICIES,
+    POLICY_PATTERN,
     AnswerFormat,
+    ChatMessages,
     ConfidenceOut,
     check_messages,
+    check_policy,
 )
 
 __all__ = [
@@ -38,11 +40,15 @@ UNSUPPORTED_WITH_SC = (
 class BlendserveOptions(BaseModel):
     """Per-request self-consistency settings; unset fields take the server's defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = Field(True, description="false: pass the request upstream unchanged")
     budget_per_question: float | None = Field(None, gt=0, le=100_000)
-    policy: str | None = Field(None, description="blend, asc, ppr, esc or sc; options: asc:cap=16")
+    policy: str | None = Field(
+        None,
+        description="blend, asc, ppr, esc or sc; options: asc:cap=16",
+        json_schema_extra={"pattern": POLICY_PATTERN},
+    )
     answer: AnswerFormat | None = None
     settle_delta: float | None = Field(None, ge=0, lt=1)
 
@@ -54,11 +60,7 @@ class BlendserveOptions(BaseModel):
     @field_validator("policy")
     @classmethod
     def _serving_policy(cls, value: str | None) -> str | None:
-        from blendserve.core.policies import PolicySpec
-
-        if value is not None and PolicySpec.parse(value).name not in SERVING_POLICIES:
-            raise ValueError(f"policy cannot serve (use {', '.join(SERVING_POLICIES)})")
-        return value
+        return check_policy(value) if value is not None else None
 
 
 class StreamOptions(BaseModel):
@@ -70,7 +72,7 @@ class StreamOptions(BaseModel):
 class _Request(BaseModel):
     """Fields both completion routes share."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = Field(None, max_length=512)
     n: int = Field(1, ge=1, le=128, description="choices: the n most-voted distinct answers")
@@ -126,7 +128,7 @@ class _Request(BaseModel):
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: ChatMessages = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
 
     @field_validator("messages")

@@ -59,9 +59,11 @@ def build_job(
     engine: Engine,
     default_concurrency: int,
     request_timeout: float | None = None,
+    failure_timeout: float = 5.0,
 ) -> Job:
     """The scheduler job for a validated request (engine requests time out after
-    ``request_timeout`` seconds, retries included)."""
+    ``request_timeout`` seconds, retries included; the job fails after
+    ``failure_timeout`` seconds of engine failures in a row)."""
     questions = [
         Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
         for i, q in enumerate(request.questions)
@@ -76,6 +78,7 @@ def build_job(
         settle_delta=request.settle_delta,
         concurrency=request.concurrency or default_concurrency,
         request_timeout=request_timeout,
+        failure_timeout=failure_timeout,
     )
     return Job(spec, engine, make_keyer(request.answer.kind, request.answer.pattern))
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from blendserve.service.disconnect import ClientGone, while_connected
-from blendserve.service.limits import release_after
+from blendserve.service.errors import error_responses
+from blendserve.service.limits import HeldStreamingResponse, Prompt
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
 
@@ -22,7 +23,8 @@ router = APIRouter()
         200: {
             "content": {"text/event-stream": {}, "application/x-ndjson": {}},
             "description": "JSON, or events when streamed",
-        }
+        },
+        **error_responses(400, 401, 413, 422, 429),
     },
 )
 async def solve(body: SolveRequest, request: Request) -> SolveResponse | Response:
@@ -33,21 +35,36 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
     text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
     """
     state = request.app.state
+    prompts: dict[str, Prompt] = {}
+    for i, q in enumerate(body.questions):
+        if q.prompt is not None:
+            prompts[f"questions.{i}.prompt"] = q.prompt
+        elif q.messages is not None:
+            prompts[f"questions.{i}.messages"] = q.messages
     state.limits.check(
-        [q.prompt if q.prompt is not None else q.messages for q in body.questions],
+        prompts,
         body.total_budget,
-        prefix="questions",
+        questions_param="questions",
+        budget_param="budget" if body.budget is not None else "budget_per_question",
     )
     settings = state.settings
-    job = build_job(body, state.engine, settings.default_concurrency, settings.upstream_timeout)
+    job = state.running.add(
+        build_job(
+            body,
+            state.engine,
+            settings.default_concurrency,
+            settings.upstream_timeout,
+            settings.job_failure_timeout,
+        )
+    )
     slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
-        lines = release_after(ndjson_lines(job), slot)
-        return StreamingResponse(lines, media_type="application/x-ndjson")
+        return HeldStreamingResponse(ndjson_lines(job), slot, media_type="application/x-ndjson")
     if body.stream or "text/event-stream" in accept:
-        return StreamingResponse(
-            release_after(sse_frames(job), slot),
+        return HeldStreamingResponse(
+            sse_frames(job),
+            slot,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

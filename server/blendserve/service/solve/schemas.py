@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SamplingParams
 
@@ -13,26 +23,95 @@ __all__ = [
     "AnswerFormat",
     "AnswerOut",
     "BudgetOut",
+    "ChatMessages",
     "ConfidenceOut",
     "QuestionIn",
     "SamplingIn",
     "SolveRequest",
     "SolveResponse",
     "UsageOut",
+    "check_messages",
+    "check_policy",
 ]
 
 #: Policies a caller may ask for (the oracle needs the true distributions).
 SERVING_POLICIES = ("blend", "asc", "ppr", "esc", "sc")
+#: The policy strings the OpenAPI schema documents (validation parses them, see check_policy).
+_POLICY_OPTION = r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?)"
+POLICY_PATTERN = rf"^(blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
+
+#: Chat messages as OpenAI takes them; validated by check_messages.
+ChatMessages = Annotated[
+    list[dict[str, Any]],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}},
+            },
+        }
+    ),
+]
+
+
+def check_policy(value: str) -> str:
+    """A policy string a job can run: a serving policy with valid options.
+
+    Raises:
+        ValueError: unknown policy, or bad options (``cap=0``, ``window=0``, ``cap=nan``).
+    """
+    spec = PolicySpec.parse(value)
+    if spec.name not in SERVING_POLICIES:
+        raise ValueError(f"policy {spec.name!r} cannot serve (use {', '.join(SERVING_POLICIES)})")
+    if any(isinstance(v, float) and math.isnan(v) for v in spec.options.values()):
+        raise ValueError(f"policy {value!r}: options must be numbers")
+    spec.build(1, 1)  # the policy's own checks of its options
+    return value
+
+
+def _not_null(schema: dict[str, Any], *names: str) -> None:
+    """Drops the null branch of optional fields: the schema says to leave them out."""
+    for name in names:
+        field = schema["properties"][name]
+        branches = [b for b in field.pop("anyOf", []) if b.get("type") != "null"]
+        field.pop("default", None)
+        if len(branches) == 1:
+            field.update(branches[0])
+
+
+def _exactly_one_of(*names: str) -> Callable[[dict[str, Any]], None]:
+    """Documents "exactly one of ``names``" in a model's JSON schema."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        _not_null(schema, *names)
+        schema["oneOf"] = [{"required": [name]} for name in names]
+
+    return extra
+
+
+def _pattern_with_regex(schema: dict[str, Any]) -> None:
+    """Documents "``pattern`` with kind ``regex`` and only then"."""
+    _not_null(schema, "pattern")
+    kinds = [k for k in schema["properties"]["kind"]["enum"] if k != "regex"]
+    schema["oneOf"] = [
+        {"properties": {"kind": {"const": "regex"}}, "required": ["kind", "pattern"]},
+        {"properties": {"kind": {"enum": kinds}}, "not": {"required": ["pattern"]}},
+    ]
 
 
 class QuestionIn(BaseModel):
     """One question: ``prompt`` (completions) or ``messages`` (chat)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=_exactly_one_of("prompt", "messages")
+    )
 
     id: str | None = Field(None, max_length=256, description="echoed back; default: its index")
     prompt: str | None = Field(None, min_length=1)
-    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
+    messages: ChatMessages | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _one_of(self) -> QuestionIn:
@@ -53,22 +132,26 @@ def check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class AnswerFormat(BaseModel):
     """How to extract the answer that votes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_pattern_with_regex)
 
     kind: Literal["auto", "number", "math", "choice", "regex", "exact"] = "auto"
-    pattern: str | None = Field(None, max_length=1000, description="regex kind: first group")
+    pattern: str | None = Field(
+        None, min_length=1, max_length=1000, description="regex kind: first group"
+    )
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> AnswerFormat:
         if (self.kind == "regex") != (self.pattern is not None):
             raise ValueError("pattern is required with kind regex and only then")
+        if self.pattern is not None:
+            search_regex("", self.pattern)  # a pattern that does not compile is a ValueError
         return self
 
 
 class SamplingIn(BaseModel):
     """Sampling parameters, as in the OpenAI and vLLM APIs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     temperature: float | None = Field(0.7, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -97,12 +180,22 @@ class SamplingIn(BaseModel):
 class SolveRequest(BaseModel):
     """A batch of questions sharing one sample budget."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra=_exactly_one_of("budget", "budget_per_question"),
+    )
 
     questions: list[QuestionIn] = Field(min_length=1)
     budget: int | None = Field(None, ge=1, description="total samples for the batch")
-    budget_per_question: float | None = Field(None, gt=0, description="budget / questions")
-    policy: str = Field("blend", description="blend, asc, ppr, esc or sc; options as asc:cap=16")
+    budget_per_question: float | None = Field(
+        None, gt=0, le=1_000_000, description="budget / questions"
+    )
+    policy: str = Field(
+        "blend",
+        description="blend, asc, ppr, esc or sc; options as asc:cap=16",
+        json_schema_extra={"pattern": POLICY_PATTERN},
+    )
     answer: AnswerFormat = Field(default_factory=AnswerFormat)
     sampling: SamplingIn = Field(default_factory=SamplingIn)
     model: str | None = None
@@ -113,12 +206,7 @@ class SolveRequest(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        spec = PolicySpec.parse(value)
-        if spec.name not in SERVING_POLICIES:
-            raise ValueError(
-                f"policy {spec.name!r} cannot serve (use {', '.join(SERVING_POLICIES)})"
-            )
-        return value
+        return check_policy(value)
 
     @model_validator(mode="after")
     def _budget(self) -> SolveRequest:

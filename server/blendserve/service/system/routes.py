@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from blendserve.engines.base import Engine
+from blendserve.service.errors import error_responses
 from blendserve.service.system.schemas import HealthResponse, ModelCard, ModelListResponse
 
 __all__ = ["router"]
@@ -31,7 +32,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if state.healthy else 503)
 
 
-@router.get("/v1/models", response_model=ModelListResponse)
+@router.get("/v1/models", response_model=ModelListResponse, responses=error_responses(401))
 async def list_models(request: Request) -> ModelListResponse:
     """The models the engine serves, in OpenAI's format."""
     names = await _engine(request).models()

@@ -1,0 +1,63 @@
+"""Graceful shutdown: running jobs get a grace period, then end with the answers they have."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import weakref
+
+import uvicorn
+
+from blendserve.scheduler import Job
+
+__all__ = ["DrainingServer", "RunningJobs"]
+
+#: Seconds a cancelled job's handler gets to send its partial answers.
+_FLUSH_S = 5
+
+
+class RunningJobs:
+    """The jobs this service started (held weakly: a finished job drops out)."""
+
+    def __init__(self) -> None:
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+
+    def add(self, job: Job) -> Job:
+        """Tracks ``job`` until it is gone; returns it."""
+        self._jobs.add(job)
+        return job
+
+    def cancel_all(self, reason: str) -> int:
+        """Cancels every job still running (see :meth:`Job.cancel`); returns how many."""
+        running = [job for job in self._jobs if not job.status.finished]
+        for job in running:
+            job.cancel(reason)
+        return len(running)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose shutdown cancels the jobs still running after ``grace`` seconds.
+
+    On SIGTERM uvicorn stops accepting and waits for open requests; jobs
+    still running after the grace are cancelled, so each request ends
+    normally with its partial answers (status ``cancelled``) instead of
+    being cut. uvicorn's own cut comes a few seconds later, for requests
+    that still do not end.
+    """
+
+    def __init__(self, config: uvicorn.Config, running: RunningJobs, grace: float) -> None:
+        config.timeout_graceful_shutdown = math.ceil(grace) + _FLUSH_S
+        super().__init__(config)
+        self.running = running
+        self.grace = grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stops accepting, then cancels the jobs left when the grace runs out."""
+        timer = asyncio.get_running_loop().call_later(
+            self.grace, self.running.cancel_all, "the service is shutting down"
+        )
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
