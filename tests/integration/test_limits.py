@@ -41,6 +41,7 @@ LIMITS = {
     "max_body_bytes": 4000,
 }
 STALLED = LatencyModel(fixed=600)
+OFF = {"blendserve": {"enabled": False}}
 
 
 def _serve(engine: ReplayEngine, **settings: Any) -> LiveServer:
@@ -170,6 +171,10 @@ def test_a_body_that_is_not_json_is_422_without_a_param(limited: LiveServer) -> 
         ),
         ("/v1/completions", {"model": "replay", "prompt": ["x", "y" * 101]}, "prompt.1"),
         ("/v1/completions", {"model": "replay", "prompt": "y" * 101}, "prompt"),
+        # Self-consistency off: the replay engine's plain samples obey the same limits.
+        ("/v1/completions", {"model": "replay", "prompt": ["x"] * 4, **OFF}, "prompt"),
+        ("/v1/completions", {"model": "replay", "prompt": "x", "n": 11, **OFF}, "n"),
+        ("/v1/chat/completions", {**_chat("y" * 100), **OFF}, "messages"),
     ],
 )
 def test_v1_over_a_limit_is_422_naming_the_field(

@@ -95,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
     # On SIGTERM the server stops accepting, lets running jobs finish for
     # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_keep_alive=settings.keep_alive_s,
     )
     # After its graceful shutdown uvicorn raises the signal again under the handler
     # found at startup; with the default one SIGTERM would kill the process now,

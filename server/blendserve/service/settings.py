@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
+    keep_alive_s: int = Field(75, ge=1, description="idle client connections are kept this long")
     replay_latency_s: float = Field(0.0, ge=0, description="replay engine: seconds a request")
     # Security and limits (see the README's "Security and limits").
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
@@ -58,6 +59,13 @@ class Settings(BaseSettings):
     max_concurrent_jobs: int = Field(64, ge=1, description="/solve jobs and /v1 requests")
     max_queued_questions: int = Field(100_000, ge=1)
     shutdown_grace_s: float = Field(30.0, ge=0, description="running jobs get this on SIGTERM")
+
+    @field_validator("sc_policy")
+    @classmethod
+    def _servable(cls, value: str) -> str:
+        from blendserve.service.solve.schemas import check_policy
+
+        return check_policy(value)
 
     @field_validator("upstreams", "api_keys", mode="before")
     @classmethod

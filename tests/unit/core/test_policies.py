@@ -130,6 +130,12 @@ def test_policy_spec_rejects(text: str, message: str) -> None:
         PolicySpec.parse(text)
 
 
+@pytest.mark.parametrize("text", ["asc:cap=nan", "blend:cap=1", "blend:settle_delta=nan"])
+def test_policy_options_are_checked_when_built(text: str) -> None:
+    with pytest.raises(ValueError, match=r"cap|settle_delta"):
+        PolicySpec.parse(text).build(4, 8)
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_extend_adds_samples_to_a_question_in_flight(name: str) -> None:
     policy = _build(name, 2, 7)

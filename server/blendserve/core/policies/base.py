@@ -71,7 +71,7 @@ class AllocationPolicy(ABC):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
-        if cap is not None and cap <= 1.0:
+        if cap is not None and not cap > 1.0:  # NaN too
             raise ValueError(f"cap must exceed 1 (a multiple of the mean), got {cap}")
         self.cap = cap
         self.votes = VoteState(num_questions)

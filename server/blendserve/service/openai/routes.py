@@ -96,12 +96,7 @@ async def _self_consistent(
     )
     budget = options.budget_per_question or settings.sc_budget_per_question
     limits: JobLimits = request.app.state.limits
-    questions_param = "messages" if chat else "prompt"
-    listed = isinstance(body, CompletionRequest) and not isinstance(body.prompt, str)
-    prompts: dict[str, Prompt] = {
-        f"{questions_param}.{i}" if listed else questions_param: q.prompt or q.messages or ""
-        for i, q in enumerate(questions)
-    }
+    questions_param, prompts = _prompt_fields(body, [q.prompt or q.messages for q in questions])
     limits.check(
         prompts,
         budget * len(questions),
@@ -156,6 +151,16 @@ async def _self_consistent(
     return reply.full(*render(events))
 
 
+def _prompt_fields(
+    body: ChatCompletionRequest | CompletionRequest, prompts: Sequence[Prompt | None]
+) -> tuple[str, dict[str, Prompt]]:
+    """The field listing the questions, and each question's prompt by its field."""
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    listed = isinstance(body, CompletionRequest) and not isinstance(body.prompt, str)
+    fields = {f"{param}.{i}" if listed else param: p or "" for i, p in enumerate(prompts)}
+    return param, fields
+
+
 async def _pass_through(
     request: Request, path: str, body: ChatCompletionRequest | CompletionRequest
 ) -> Response | Any:
@@ -200,6 +205,10 @@ async def _emulate(
         raise RequestValidationError(
             f"the {engine.name} engine takes text prompts only", param="prompt"
         )
+    # The service's own samples: the same limits and admission as a voted request.
+    param, prompts = _prompt_fields(body, [ask.prompt or ask.messages for ask in asks])
+    request.app.state.limits.check(prompts, n * len(asks), questions_param=param, budget_param="n")
+    slot: Slot = request.app.state.admission.admit(len(asks), param=param)
     reply = Reply(chat, _model(request, body.model))
     try:
         results: list[list[Sample]] = await while_connected(
@@ -207,6 +216,8 @@ async def _emulate(
         )
     except ClientGone:
         return Response(status_code=499)
+    finally:
+        slot.release()
     choices = [c for i, samples in enumerate(results) for c in choices_from_samples(samples, i * n)]
     samples = [s for result in results for s in result]
     usage = usage_of(
