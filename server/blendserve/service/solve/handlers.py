@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import asdict
 
 from blendserve.core.policies import PolicySpec
@@ -113,11 +114,12 @@ def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
 async def collect(job: Job) -> SolveResponse:
     """Runs the job to the end and returns every answer in question order."""
     answers: list[AnswerOut] = []
-    async for event in job.events():
-        if isinstance(event, AnswerEvent):
-            answers.append(answer_out(event))
-        elif isinstance(event, DoneEvent):
-            return _summary(event, answers)
+    async with aclosing(job.events()) as events:
+        async for event in events:
+            if isinstance(event, AnswerEvent):
+                answers.append(answer_out(event))
+            elif isinstance(event, DoneEvent):
+                return _summary(event, answers)
     raise AssertionError("a job always ends with a done event")
 
 
@@ -131,13 +133,16 @@ def _payload(event: Event) -> tuple[str, dict[str, object]]:
 
 async def sse_frames(job: Job) -> AsyncIterator[str]:
     """Server-sent events: ``answer``, ``progress``, then ``done``."""
-    async for event in job.events():
-        name, data = _payload(event)
-        yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+    # Closed with the response, however it ends: the job's requests go with it.
+    async with aclosing(job.events()) as events:
+        async for event in events:
+            name, data = _payload(event)
+            yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
 async def ndjson_lines(job: Job) -> AsyncIterator[str]:
     """One JSON object a line: ``{"event": ..., "data": ...}``."""
-    async for event in job.events():
-        name, data = _payload(event)
-        yield json.dumps({"event": name, "data": data}) + "\n"
+    async with aclosing(job.events()) as events:
+        async for event in events:
+            name, data = _payload(event)
+            yield json.dumps({"event": name, "data": data}) + "\n"
