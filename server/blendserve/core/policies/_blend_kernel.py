@@ -119,7 +119,7 @@ def move_question(
 
 @njit(cache=True, nogil=True)
 def _score(table: NDArray[np.float64], s: int, w: float) -> float:
-    return table[RANK_ASC, s] + w * (table[RANK_PPR, s] - table[RANK_ASC, s])
+    return float(table[RANK_ASC, s] + w * (table[RANK_PPR, s] - table[RANK_ASC, s]))
 
 
 @njit(cache=True, nogil=True)
@@ -161,6 +161,6 @@ def take_best(
         if pick < size:
             q = questions[ORDER, start[s + 1] + pick]
             _shift(start, questions, q, 0)
-            return q
+            return int(q)
         pick -= size
     return -1
