@@ -8,8 +8,7 @@ moment it leaves is exactly when the test closes it.
 
 import json
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,6 +18,7 @@ from blendserve.service import Settings, create_app
 
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
+from tests.support.waiting import wait_until
 
 QUESTIONS = [{"id": f"q{i}", "prompt": f"question {i}?"} for i in range(3)]
 MESSAGES = [{"role": "user", "content": "Three?"}]
@@ -34,16 +34,6 @@ CASES = {
     ),
     "v1-completions": ("/v1/completions", {"model": "m", "prompt": ["a?", "b?"], **V1}),
 }
-
-
-def _until(condition: Callable[[], bool], timeout: float) -> float:
-    """Polls ``condition`` until true; returns the seconds it took."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.002)
-    return time.monotonic() - start
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +75,11 @@ def test_a_client_that_leaves_drops_upstream_requests_within_a_second(
     url = httpx.URL(live.url)
     with socket.create_connection((url.host, url.port or 80), timeout=10) as client:
         client.sendall(_request(live, path, body))
-        _until(lambda: state.in_flight > 0, 10)  # the job runs: requests are upstream
+        # the job runs: requests are upstream
+        wait_until(lambda: state.in_flight > 0, 10, "requests upstream")
         in_flight = state.in_flight
     # The socket is closed: the client has left.
-    took = _until(lambda: state.in_flight == 0, 5)
+    took = wait_until(lambda: state.in_flight == 0, 5, "the upstream requests to drop")
     print(f"\n{case}: {in_flight} upstream requests dropped {took * 1000:.0f} ms after leaving")
     assert took < 1.0
     assert state.samples_served == before[0]  # nothing was generated for nobody

@@ -22,6 +22,7 @@ from blendserve.service import Settings, create_app
 
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
+from tests.support.waiting import wait_until
 
 QUESTIONS = [
     {"id": f"q{i}", "messages": [{"role": "user", "content": f"question {i}?"}]} for i in range(4)
@@ -37,16 +38,6 @@ def _serve(engine: OpenAIEngine, **settings: Any) -> LiveServer:
 
     options = {"default_concurrency": 6, "group_wait_ms": 0, **settings}
     return LiveServer(create_app(Settings(**options), engine_factory=factory))
-
-
-def _until(condition: Callable[[], bool], timeout: float) -> float:
-    """Polls ``condition`` until true; returns the seconds it took."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
-    return time.monotonic() - start
 
 
 @pytest.fixture
@@ -113,7 +104,9 @@ def test_every_job_completes_and_counts_each_served_sample_once(
     for kind in ("error", "timeout", "drop", "slow"):
         assert sum(s.state.faults.get(kind, 0) for s in faulty) > 0, kind
     # Hung requests were given up (the upstream notices a moment later).
-    _until(lambda: sum(s.state.disconnects for s in faulty) > 0, 5)
+    wait_until(
+        lambda: sum(s.state.disconnects for s in faulty) > 0, 5, "a hung request to be dropped"
+    )
     assert set(health["upstreams"]) == {s.url for s in faulty}
 
 
@@ -126,7 +119,9 @@ def _slow_upstreams() -> list[FakeServer]:
 
 def _kill_when_serving(upstreams: list[FakeServer], samples: int) -> float:
     """Kills every upstream once they served ``samples``; returns when they were gone."""
-    _until(lambda: sum(u.state.samples_served for u in upstreams) >= samples, 30)
+    wait_until(
+        lambda: sum(u.state.samples_served for u in upstreams) >= samples, 30, f"{samples} samples"
+    )
     for upstream in upstreams:
         upstream.signal_stop(kill=True)
     for upstream in upstreams:

@@ -6,11 +6,8 @@ by a replay latency and the tests poll the service's admission counters.
 """
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +23,12 @@ from blendserve.service import Settings, create_app
 from blendserve.service.limits import Admission
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.command import serve_command
 from tests.support.live import LiveServer
+from tests.support.waiting import wait_until
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
+REPLAY = ("--engine", "replay", "--data", str(DATA))  # blendserve serve's arguments
 RECORDS = [
     {"id": str(i), "prompt": f"What is {i} plus one?", "answers": [str(i + 1)] * 3 + ["0"]}
     for i in range(6)
@@ -62,13 +62,6 @@ def _chat(content: str = "What is 0 plus one?", budget: float = 3) -> dict[str, 
         "messages": [{"role": "user", "content": content}],
         "blendserve": {"answer": "number", "budget_per_question": budget},
     }
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)  # polling a condition, with a deadline
 
 
 def _metric(url: str, name: str) -> float:
@@ -265,7 +258,7 @@ def _held(live: LiveServer, questions: int, path: str = "/solve") -> Iterator[ht
     before = admission.jobs
     with httpx.stream("POST", f"{live.url}{path}", json=body, timeout=30) as response:
         assert response.status_code == 200
-        _wait_for(lambda: admission.jobs == before + 1, "the job to be admitted")
+        wait_until(lambda: admission.jobs == before + 1, 15, "the job to be admitted")
         yield response
 
 
@@ -289,7 +282,7 @@ def test_jobs_over_the_limit_are_429_with_retry_after(
         completion = {"model": "replay", "prompt": "What is 1 plus one?"}
         _assert_429(httpx.post(f"{admitting.url}/v1/completions", json=completion))
         assert _admission(admitting).jobs == 2
-    _wait_for(_idle(admitting), "the abandoned jobs to give their slots back")
+    wait_until(_idle(admitting), 15, "the abandoned jobs to give their slots back")
     engine.latency = LatencyModel()
     response = _solve(admitting.url, questions=_questions(2), budget=4)
     assert response.status_code == 200 and response.json()["status"] == "completed"
@@ -303,7 +296,7 @@ def test_queued_questions_over_the_limit_are_429(admitting: LiveServer) -> None:
         _assert_429(httpx.post(f"{admitting.url}/v1/completions", json=completion))
         with _held(admitting, 1):  # exactly the fourth question still fits
             assert _admission(admitting).questions == 4
-    _wait_for(_idle(admitting), "the slots to be given back")
+    wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
 def test_more_questions_than_ever_fit_are_422_not_429(admitting: LiveServer) -> None:
@@ -321,7 +314,7 @@ def test_the_openai_client_raises_rate_limit_error(admitting: LiveServer) -> Non
         )
     assert raised.value.status_code == 429
     assert raised.value.response.headers["retry-after"] == "1"
-    _wait_for(_idle(admitting), "the slots to be given back")
+    wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
 def _raw_request(url: str, path: str, body: dict[str, Any]) -> socket.socket:
@@ -352,9 +345,11 @@ def test_a_client_that_leaves_gives_its_slots_back(
 ) -> None:
     admission = _admission(admitting)
     sock = _raw_request(admitting.url, path, body)
-    _wait_for(lambda: admission.jobs == 1 and admission.questions > 0, "the job to be admitted")
+    wait_until(
+        lambda: admission.jobs == 1 and admission.questions > 0, 15, "the job to be admitted"
+    )
     sock.close()
-    _wait_for(_idle(admitting), "the slots to be given back")
+    wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
 def test_an_abandoned_ndjson_stream_gives_its_slots_back(admitting: LiveServer) -> None:
@@ -363,8 +358,8 @@ def test_an_abandoned_ndjson_stream_gives_its_slots_back(admitting: LiveServer) 
     url = f"{admitting.url}/solve"
     with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as response:
         assert response.headers["content-type"].startswith("application/x-ndjson")
-        _wait_for(lambda: _admission(admitting).jobs == 1, "the job to be admitted")
-    _wait_for(_idle(admitting), "the slots to be given back")
+        wait_until(lambda: _admission(admitting).jobs == 1, 15, "the job to be admitted")
+    wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
 def test_finished_jobs_give_their_slots_back() -> None:
@@ -384,44 +379,10 @@ def test_finished_jobs_give_their_slots_back() -> None:
                 response = httpx.post(f"{live.url}{path}", json=body, headers=headers, timeout=30)
                 assert response.status_code == 200, (path, response.text)
                 # A stream's slot goes back just after its last byte: poll, not sleep.
-                _wait_for(_idle(live), f"{path} to give its slots back")
+                wait_until(_idle(live), 15, f"{path} to give its slots back")
 
 
 # --- graceful shutdown of the real command ------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def _command(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``blendserve serve --engine replay`` on a free port, once ``/health`` answers."""
-    port = _free_port()
-    command = [sys.executable, "-m", "blendserve.cli", "serve", "--engine", "replay",
-               "--data", str(DATA), "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("BLENDSERVE_")}
-    process = subprocess.Popen(
-        command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def healthy() -> bool:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait_for(healthy, "the service to start", timeout=60)
-        yield url, process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=30)
 
 
 def _refuses_connections(url: str) -> bool:
@@ -450,16 +411,18 @@ SHUTDOWN_JOB = {
     "answer": {"kind": "number"},
     "stream": True,
 }
+OVER_GRACE = ("--replay-latency-s", "300", "--shutdown-grace-s", "1")  # jobs outlast the grace
 
 
 def test_sigterm_lets_a_running_job_finish_then_exits_0() -> None:
     grace = 30
-    with _command("--replay-latency-s", "2", "--shutdown-grace-s", str(grace)) as (url, process):
+    args = ("--replay-latency-s", "2", "--shutdown-grace-s", str(grace))
+    with serve_command(*REPLAY, *args) as (url, process):
         with httpx.stream("POST", f"{url}/solve", json=SHUTDOWN_JOB, timeout=30) as response:
             assert response.status_code == 200
             terminated = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            _wait_for(lambda: _refuses_connections(url), "new connections to be refused")
+            wait_until(lambda: _refuses_connections(url), 15, "new connections to be refused")
             assert process.poll() is None  # refusing new work while the job still runs
             events = _events(response)
         answers = {data["id"]: data for name, data in events if name == "answer"}
@@ -473,7 +436,7 @@ def test_sigterm_lets_a_running_job_finish_then_exits_0() -> None:
 
 
 def test_sigterm_ends_a_stream_longer_than_the_grace_with_partial_answers() -> None:
-    with _command("--replay-latency-s", "300", "--shutdown-grace-s", "1") as (url, process):
+    with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
         with httpx.stream("POST", f"{url}/solve", json=SHUTDOWN_JOB, timeout=60) as response:
             assert response.status_code == 200
             terminated = time.monotonic()
@@ -493,10 +456,10 @@ def test_sigterm_ends_a_stream_longer_than_the_grace_with_partial_answers() -> N
 
 def test_sigterm_answers_a_json_job_longer_than_the_grace_as_cancelled() -> None:
     job = {**SHUTDOWN_JOB, "stream": False}
-    with _command("--replay-latency-s", "300", "--shutdown-grace-s", "1") as (url, process):
+    with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(httpx.post, f"{url}/solve", json=job, timeout=60)
-            _wait_for(lambda: _metric(url, "blendserve_active_jobs") == 1, "the job to start")
+            wait_until(lambda: _metric(url, "blendserve_active_jobs") == 1, 15, "the job to start")
             process.send_signal(signal.SIGTERM)
             response = pending.result()
         assert response.status_code == 200, response.text

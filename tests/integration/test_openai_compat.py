@@ -6,7 +6,6 @@ fake OpenAI upstream where a raw upstream is needed for passthrough).
 
 import asyncio
 import random
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from blendserve.service import Settings, create_app
 
 from tests.support.fake_openai import FakeServer
 from tests.support.live import LiveServer
+from tests.support.waiting import wait_until
 
 RECORDS = [
     {"id": "easy", "prompt": "What is 6 times 7?", "answers": ["42"] * 9 + ["41"]},
@@ -222,15 +222,6 @@ def test_passthrough_sends_the_body_upstream_unchanged() -> None:
     assert upstream.state.bodies == [sent]
 
 
-def _wait_until(condition: Any, timeout: float) -> float:
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_cancels_its_samples(stream: bool) -> None:
     engine = ReplayEngine(RECORDS, latency=LatencyModel(fixed=60))
@@ -245,7 +236,7 @@ def test_a_client_that_leaves_cancels_its_samples(stream: bool) -> None:
             for _ in response.iter_lines():
                 pass
         assert engine.stats.in_flight > 0
-        assert _wait_until(lambda: engine.stats.in_flight == 0, 5.0) < 1.0
+        assert wait_until(lambda: engine.stats.in_flight == 0, 5.0, "the samples to end") < 1.0
 
 
 def _dataset(size: int) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ parse and return data. ``promtool`` checks the shipped Prometheus config.
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,8 +19,10 @@ import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
+from tests.support.command import free_port
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "blendserve-overview.json"
@@ -34,20 +35,6 @@ def _binary(name: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def _expressions() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
@@ -56,7 +43,7 @@ def _expressions() -> list[str]:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A Prometheus on loopback; the test writes its targets into ``targets.json``."""
-    port = _free_port()
+    port = free_port()
     targets = tmp_path / "targets.json"
     targets.write_text("[]")
     config = tmp_path / "prometheus.yml"
@@ -78,7 +65,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             stderr=log,
         )
         try:
-            _wait_until(lambda: _ready(url), 30, "prometheus to start")
+            wait_until(lambda: _ready(url), 30, "prometheus to start")
             yield url, targets
         finally:
             process.terminate()
@@ -115,7 +102,7 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, Path]) -> Non
             hosts = [live.url.removeprefix("http://"), f"127.0.0.1:{upstream.port}"]
             targets.write_text(json.dumps([{"targets": hosts}]))
             started = time.time()
-            _wait_until(lambda: _scraped_after(url, started), 30, "first scrapes")
+            wait_until(lambda: _scraped_after(url, started), 30, "first scrapes")
             body = {
                 "questions": [{"prompt": f"question {i}"} for i in range(4)],
                 "budget": 48,
@@ -131,7 +118,7 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, Path]) -> Non
             }
             assert httpx.post(f"{live.url}/v1/chat/completions", json=chat).status_code == 200
             finished = time.time()
-            _wait_until(lambda: _scraped_after(url, finished + 2), 30, "scrapes after the jobs")
+            wait_until(lambda: _scraped_after(url, finished + 2), 30, "scrapes after the jobs")
             # Queried while both targets are up: a gone target's gauges turn stale.
             empty = []
             for expr in _expressions():

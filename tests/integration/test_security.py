@@ -4,13 +4,9 @@ A real uvicorn server on loopback over the replay engine, and the real
 ``blendserve serve`` command in a subprocess for the environment and file keys.
 """
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +16,11 @@ import pytest
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
 
+from tests.support.command import serve_command
 from tests.support.live import LiveServer
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
+REPLAY = ("--engine", "replay", "--data", str(DATA))  # blendserve serve's arguments
 RECORDS = [{"id": "q", "prompt": "What is 6 times 7?", "answers": ["42"] * 4 + ["41"]}]
 KEYS = ("key-one", "key-two")
 SOLVE = {"questions": [{"id": "q", "prompt": "x"}], "budget": 3, "answer": {"kind": "number"}}
@@ -154,52 +152,13 @@ def test_the_openai_client_works_with_the_right_key(guarded: str) -> None:
 # --- the real command ------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def _command(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """``blendserve serve --engine replay`` on a free port, once ``/health`` answers."""
-    port = _free_port()
-    command = [sys.executable, "-m", "blendserve.cli", "serve", "--engine", "replay",
-               "--data", str(DATA), "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("BLENDSERVE_")}
-    process = subprocess.Popen(
-        command,
-        env={**environment, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise AssertionError(process.communicate()[1])
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.05)  # polling the port, not waiting for an event
-        yield url
-    finally:
-        process.terminate()
-        process.communicate(timeout=30)
-
-
 def _solve_on(url: str, key: str | None) -> httpx.Response:
     body = {**SOLVE, "questions": [{"id": "q-easy", "prompt": "x"}]}
     return _call(url, "POST", "/solve", body, key)
 
 
 def test_keys_from_the_environment() -> None:
-    with _command(env={"BLENDSERVE_API_KEYS": " env-a, env-b ,"}) as url:
+    with serve_command(*REPLAY, env={"BLENDSERVE_API_KEYS": " env-a, env-b ,"}) as (url, _):
         _assert_401(_solve_on(url, None))
         _assert_401(_solve_on(url, "env-a, env-b"))
         assert _solve_on(url, "env-a").status_code == 200
@@ -213,7 +172,7 @@ def test_keys_from_a_file_and_the_environment_together(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("\n  file-a  \n\nfile-b\n")
     env = {"BLENDSERVE_API_KEYS": "env-a"}
-    with _command("--api-key-file", str(keys), "--metrics-auth", env=env) as url:
+    with serve_command(*REPLAY, "--api-key-file", str(keys), "--metrics-auth", env=env) as (url, _):
         _assert_401(_solve_on(url, None))
         _assert_401(_solve_on(url, "file-c"))
         for key in ("file-a", "file-b", "env-a"):

@@ -1,49 +1,23 @@
 """``blendserve serve --engine replay``: the real command in a subprocess, on loopback."""
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support.command import serve_command
+
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "stderr.log"
-    command = [sys.executable, "-m", "blendserve.cli", "serve", "--engine", "replay",
-               "--data", str(DATA), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    stderr = log.open("w")
-    process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the service did not start"
-            time.sleep(0.05)
+    with serve_command("--engine", "replay", "--data", str(DATA), stderr=log) as (url, _):
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        stderr.close()
 
 
 def test_solve_on_the_replay_engine(service: str) -> None:
