@@ -135,3 +135,27 @@ def test_truncated_samples_do_not_vote() -> None:
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
     assert "cut" not in answer.votes and answer.samples == 20
     assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
+
+
+def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight() -> None:
+    async def scenario() -> tuple[list[Any], FakeEngine]:
+        engine = FakeEngine(DISTRIBUTIONS, seed=4, latency=0.001)
+        job = Job(_spec(4000, concurrency=4), engine, last_word)
+        events = []
+        async for event in job.events():
+            events.append(event)
+            if len(engine.served) >= 40 and job.status is JobStatus.RUNNING:
+                job.cancel("shutting down")
+                job.cancel("twice is a no-op")
+        return events, engine
+
+    events, engine = _run(scenario())
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.status is JobStatus.CANCELLED
+    assert done.error == "shutting down"
+    assert sorted(a.id for a in answers) == sorted(DISTRIBUTIONS)
+    assert all(a.partial for a in answers if a.id != "sure")
+    # Only what the engine served is spent: the cancelled requests were refunded.
+    assert done.spent == sum(a.samples for a in answers) == len(engine.served) < 4000
+    assert engine.in_flight == 0

@@ -115,3 +115,22 @@ def test_a_request_that_leaves_before_the_job_starts_is_left_out() -> None:
     answers, engine = _run(scenario())
     assert [a.answer for a in answers] == ["4"]
     assert {r.question_id for r in engine.requests} == {"1:c"}
+
+
+def test_cancelling_the_running_jobs_answers_each_request_with_what_it_has() -> None:
+    async def scenario() -> tuple[list[Any], int]:
+        engine = FakeEngine(DISTRIBUTIONS, seed=3, latency=0.001)
+        grouper = _grouper(engine, max_questions=2)
+        tickets = [
+            grouper.submit(SETTINGS, [Question(qid, prompt=f"{qid}?")], 1000) for qid in "ab"
+        ]
+        while len(engine.served) < 20:
+            await asyncio.sleep(0.001)  # polls the count of samples served
+        assert grouper.jobs.cancel_all("the service is shutting down") == 1
+        answers = [a for t in tickets for a in await t.answers()]
+        return answers, engine.in_flight
+
+    answers, in_flight = _run(scenario())
+    assert [a.answer for a in answers] == ["1", answers[1].answer]
+    assert all(a.partial and 0 < a.samples < 1000 for a in answers)
+    assert in_flight == 0
