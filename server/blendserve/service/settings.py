@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.engines.factory import EngineConfig, EngineKind
+from blendserve.service.solve.schemas import check_policy
 
 __all__ = ["Settings"]
 
@@ -63,8 +64,6 @@ class Settings(BaseSettings):
     @field_validator("sc_policy")
     @classmethod
     def _servable(cls, value: str) -> str:
-        from blendserve.service.solve.schemas import check_policy
-
         return check_policy(value)
 
     @field_validator("upstreams", "api_keys", mode="before")
