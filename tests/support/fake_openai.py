@@ -27,13 +27,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 __all__ = ["FakeServer", "FakeState", "create_app"]
@@ -48,11 +49,13 @@ class FakeState:
     completion requests with 500), ``drop`` (drop every completion request's
     connection after sending headers), ``record`` (keep request bodies),
     ``answers`` (when set, each text ends in ``"so the answer is {a}"`` with
-    ``a`` drawn from it).
+    ``a`` drawn from it). A request with ``stream`` is answered with OpenAI's
+    streamed chunks.
     Injected faults, drawn per completion request from a generator seeded with
     ``fault_seed``: ``error_rate`` (a 500), ``timeout_rate`` (no answer until
-    the client leaves), ``drop_rate`` (the connection drops after the
-    headers), ``slow_rate`` (``slow_latency`` more seconds first).
+    the client leaves; streamed: silence after the first chunk), ``drop_rate``
+    (the connection drops after the headers), ``slow_rate`` (``slow_latency``
+    more seconds first).
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
@@ -147,6 +150,38 @@ async def _wait(request: Request, latency: float, killed: asyncio.Event) -> str:
     return next(waits[t] for t in waits if t in done)
 
 
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def _chunks(
+    state: FakeState, texts: list[str], chat: bool, stall: bool
+) -> AsyncIterator[str]:
+    """``texts`` as OpenAI's streamed chunks; ``stall``: silence after the first chunk."""
+    try:
+        for i, text in enumerate(texts):
+            piece = {"index": i, "delta": {"content": text}} if chat else {"index": i, "text": text}
+            yield _event({"choices": [piece]})
+            if stall:
+                await asyncio.sleep(_HANG_S)  # until the client leaves
+        ends = [
+            {"index": i, "finish_reason": "stop", "delta": {}}
+            if chat
+            else {"index": i, "finish_reason": "length", "text": ""}
+            for i in range(len(texts))
+        ]
+        yield _event({"choices": ends})
+        usage = {"prompt_tokens": 3, "completion_tokens": 5 * len(texts)}
+        yield _event({"choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+        state.samples_served += len(texts)
+    except asyncio.CancelledError:
+        state.disconnects += 1
+        raise
+    finally:
+        state.in_flight -= 1
+
+
 def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI:
     """The fake upstream app; setting ``killed`` drops every pending and later request."""
     app = FastAPI()
@@ -163,10 +198,11 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
             return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        streamed = bool(body.get("stream"))
         try:
             outcome = "done"
             latency = state.latency + (state.slow_latency if fault == "slow" else 0.0)
-            if fault == "timeout":
+            if fault == "timeout" and not streamed:
                 latency = _HANG_S
             if latency > 0:
                 outcome = await _wait(request, latency, kill)
@@ -176,6 +212,11 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
             if state.drop or fault == "drop" or kill.is_set():
                 return _DropConnection()
             n = int(body.get("n", 1)) if state.honour_n else 1
+            if streamed:
+                texts = [state.next_text() for _ in range(n)]
+                chunks = _chunks(state, texts, chat, stall=fault == "timeout")
+                state.in_flight += 1  # until the stream ends
+                return StreamingResponse(chunks, media_type="text/event-stream")
             choices = []
             for i in range(n):
                 text = state.next_text()

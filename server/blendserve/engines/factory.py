@@ -34,6 +34,8 @@ class EngineConfig:
         vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
         session_header: header carrying the question id upstream (session routing).
+        stall_timeout: stream upstream requests and fail an attempt silent this
+            long (a hung upstream); None: non-streamed, bounded by ``timeout``.
         replay_latency: seconds each replay request takes.
     """
 
@@ -48,6 +50,7 @@ class EngineConfig:
     vllm_model: str | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     session_header: str | None = None
+    stall_timeout: float | None = None
     replay_latency: float = 0.0
 
     def resolved_kind(self) -> EngineKind:
@@ -81,6 +84,8 @@ async def build_engine(config: EngineConfig) -> Engine:
             model=config.model,
             api_key=config.api_key,
             timeout=config.timeout,
+            stream=config.stall_timeout is not None,
+            stall_timeout=config.stall_timeout,
             session_header=config.session_header,
         )
     if kind == "replay":

@@ -119,6 +119,9 @@ class OpenAIEngine(Engine):
         affinity_slack: outstanding sequences a question's home replica may
             carry over the least-loaded one and still be chosen.
         stream: request streamed responses, so a cancelled call stops generating.
+        stall_timeout: with ``stream``, an attempt whose upstream sends nothing
+            for this many seconds fails (a hung upstream) and is retried
+            elsewhere; None: only the call's deadline bounds it.
         session_header: a header carrying the question id on every request, for
             a router in front of several replicas that routes on it (vLLM
             production-stack's session routing).
@@ -144,6 +147,7 @@ class OpenAIEngine(Engine):
         probe_interval: float = 2.0,
         affinity_slack: int = 4,
         stream: bool = False,
+        stall_timeout: float | None = None,
         session_header: str | None = None,
     ) -> None:
         if isinstance(urls, str):
@@ -159,6 +163,8 @@ class OpenAIEngine(Engine):
         ):
             if not value > 0:
                 raise ValueError(f"{label} must be positive, got {value}")
+        if stall_timeout is not None and not (stream and stall_timeout > 0):
+            raise ValueError(f"stall_timeout needs stream=True and > 0, got {stall_timeout}")
         if max_retries < 0 or backoff_base < 0 or max_connections < 1:
             raise ValueError("max_retries and backoff_base must be >= 0, max_connections >= 1")
         self._replicas = ReplicaSet(
@@ -183,6 +189,7 @@ class OpenAIEngine(Engine):
             max_connections,
             api_key=api_key,
             connect_timeout=connect_timeout,
+            stall_timeout=stall_timeout,
             transport=transport,
         )
 
@@ -534,6 +541,7 @@ class _Pool:
         api_key: str | None,
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None,
+        stall_timeout: float | None = None,
     ) -> None:
         self._owned: list[httpx.AsyncBaseTransport]
         if transport is not None:
@@ -561,6 +569,9 @@ class _Pool:
         self._post_headers = [*self._get_headers, ("content-type", "application/json")]
         # The call deadline bounds reads, writes and pool waits; connects get their own.
         self._timeout = {"timeout": httpx.Timeout(None, connect=connect_timeout).as_dict()}
+        # Streamed samples arrive token by token: a silence longer than this is a hang.
+        streamed = httpx.Timeout(None, connect=connect_timeout, read=stall_timeout)
+        self._streamed_timeout = {"timeout": streamed.as_dict()}
         self._urls: dict[str, httpx.URL] = {}
 
     def _url(self, url: str) -> httpx.URL:
@@ -588,7 +599,7 @@ class _Pool:
             self._url(base + path),
             content=body,
             headers=[*self._post_headers, *headers] if headers else self._post_headers,
-            extensions=self._timeout,
+            extensions=self._streamed_timeout if collect_stream else self._timeout,
         )
         return await self._send(base, request, collect_stream)
 

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
         5.0, ge=0, description="seconds a job outlives every upstream being down"
     )
     session_header: str | None = Field(None, description="question id header (session routing)")
+    upstream_stall_timeout: float | None = Field(
+        None, gt=0, description="stream upstream requests; fail one silent this long"
+    )
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
@@ -105,5 +108,6 @@ class Settings(BaseSettings):
             model_cache_dir=self.model_cache_dir,
             vllm_model=self.vllm_model,
             session_header=self.session_header,
+            stall_timeout=self.upstream_stall_timeout,
             replay_latency=self.replay_latency_s,
         )

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import pytest
 from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.errors import EngineTimeout
 
 from tests.support.fake_openai import FakeServer
 
@@ -203,3 +204,45 @@ def test_failures_and_dropped_connections_are_retried(fakes: Fakes) -> None:
             assert await e.models() == ["fake-model"]
 
     _run(main())
+
+
+def test_a_stalled_stream_is_given_up_after_the_stall_timeout(fakes: Fakes) -> None:
+    stalled, live = fakes(2)
+    stalled.state.timeout_rate = 1.0  # every stream stops after its first chunk
+
+    async def main() -> tuple[list[Sample], float]:
+        async with _engine([stalled, live], stream=True, stall_timeout=0.5) as e:
+            started = time.monotonic()
+            # The question's home replica is the stalled one for some of these ids.
+            results = await asyncio.gather(
+                *(e.generate(chat(2, question_id=f"q{i}")) for i in range(8))
+            )
+            return [s for r in results for s in r], time.monotonic() - started
+
+    samples, took = _run(main())
+    assert len(samples) == 16 and {s.upstream for s in samples} == {live.url}
+    assert len({s.text for s in samples}) == 16  # each served sample once
+    assert stalled.state.requests > 0 and stalled.state.samples_served == 0
+    assert live.state.samples_served == 16
+    assert took < 5, took  # not the 600 s call deadline
+
+
+def test_an_upstream_that_only_stalls_is_a_timeout_well_before_the_deadline(
+    fakes: Fakes,
+) -> None:
+    (stalled,) = fakes(1)
+    stalled.state.timeout_rate = 1.0
+
+    async def main() -> float:
+        async with _engine([stalled], stream=True, stall_timeout=0.3, max_retries=1) as e:
+            started = time.monotonic()
+            with pytest.raises(EngineTimeout):
+                await e.generate(chat())
+            return time.monotonic() - started
+
+    assert _run(main()) < 5
+
+
+def test_stall_timeout_needs_streaming() -> None:
+    with pytest.raises(ValueError, match="stall_timeout"):
+        OpenAIEngine(["http://a/v1"], stall_timeout=1.0)
