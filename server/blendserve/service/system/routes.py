@@ -32,7 +32,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if state.healthy else 503)
 
 
-@router.get("/v1/models", response_model=ModelListResponse, responses=error_responses(401))
+@router.get("/v1/models", response_model=ModelListResponse, responses=error_responses(401, 503))
 async def list_models(request: Request) -> ModelListResponse:
     """The models the engine serves, in OpenAI's format."""
     names = await _engine(request).models()
