@@ -18,10 +18,9 @@ import openai
 import pytest
 from blendserve import metrics
 from blendserve.engines.openai import OpenAIEngine
-from blendserve.service import Settings, create_app
 
 from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer
+from tests.support.live import serve_engine
 from tests.support.waiting import wait_until
 
 QUESTIONS = [
@@ -30,14 +29,6 @@ QUESTIONS = [
 ANSWERS = ("7", "7", "7", "8", "9")
 # The job default: how long transient failures may last before a job gives up.
 FAILURE_TIMEOUT_S = 5.0
-
-
-def _serve(engine: OpenAIEngine, **settings: Any) -> LiveServer:
-    async def factory() -> OpenAIEngine:
-        return engine
-
-    options = {"default_concurrency": 6, "group_wait_ms": 0, **settings}
-    return LiveServer(create_app(Settings(**options), engine_factory=factory))
 
 
 @pytest.fixture
@@ -75,7 +66,7 @@ def test_every_job_completes_and_counts_each_served_sample_once(
     )
     # Hangs end at the 3 s request deadline, well after any answered attempt
     # (4 attempts of <= 0.2 s plus backoffs), so no served answer is ever cut off.
-    with _serve(engine, upstream_timeout=3.0) as live:
+    with serve_engine(engine, default_concurrency=6, upstream_timeout=3.0) as live:
 
         def solve(budget: int) -> dict[str, Any]:
             payload = {"questions": QUESTIONS, "budget": budget, "answer": {"kind": "number"}}
@@ -146,7 +137,7 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
         "answer": {"kind": "number"},
         "stream": stream,
     }
-    with _serve(engine, default_concurrency=4) as live:
+    with serve_engine(engine, default_concurrency=4) as live:
 
         def solve() -> tuple[float, dict[str, Any]]:
             if not stream:
@@ -194,7 +185,7 @@ def test_v1_question_without_any_answer_is_an_openai_503(stream: bool) -> None:
     url = upstream.url
     upstream.kill()  # down before the first request: no question gets a sample
     engine = OpenAIEngine([url], backoff_base=0.02)
-    with _serve(engine) as live:
+    with serve_engine(engine, default_concurrency=6) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         started = time.monotonic()
         with pytest.raises(openai.APIError) as caught:

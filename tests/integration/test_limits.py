@@ -19,12 +19,11 @@ import httpx
 import openai
 import pytest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-from blendserve.service import Settings, create_app
 from blendserve.service.limits import Admission
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command
-from tests.support.live import LiveServer
+from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
@@ -42,14 +41,6 @@ LIMITS = {
 }
 STALLED = LatencyModel(fixed=600)
 OFF = {"blendserve": {"enabled": False}}
-
-
-def _serve(engine: ReplayEngine, **settings: Any) -> LiveServer:
-    async def factory() -> ReplayEngine:
-        return engine
-
-    options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
-    return LiveServer(create_app(Settings(**options), engine_factory=factory))
 
 
 def _questions(count: int, prompt: str = "x") -> list[dict[str, Any]]:
@@ -94,7 +85,7 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[LiveServer]:
-    with _serve(ReplayEngine(RECORDS, seed=2), **LIMITS) as live:
+    with serve_engine(ReplayEngine(RECORDS, seed=2), **LIMITS) as live:
         yield live
 
 
@@ -242,7 +233,7 @@ def engine() -> ReplayEngine:
 
 @pytest.fixture
 def admitting(engine: ReplayEngine) -> Iterator[LiveServer]:
-    with _serve(engine, max_concurrent_jobs=2, max_queued_questions=4) as live:
+    with serve_engine(engine, max_concurrent_jobs=2, max_queued_questions=4) as live:
         yield live
 
 
@@ -364,7 +355,7 @@ def test_an_abandoned_ndjson_stream_gives_its_slots_back(admitting: LiveServer) 
 
 def test_finished_jobs_give_their_slots_back() -> None:
     engine = ReplayEngine(RECORDS, seed=4)
-    with _serve(engine, max_concurrent_jobs=1, max_queued_questions=3) as live:
+    with serve_engine(engine, max_concurrent_jobs=1, max_queued_questions=3) as live:
         calls: list[tuple[str, dict[str, Any], dict[str, str]]] = [
             ("/solve", {"questions": _questions(3), "budget": 6}, {}),
             ("/solve", {"questions": _questions(3), "budget": 6, "stream": True}, {}),

@@ -15,10 +15,9 @@ import pytest
 from blendserve.answers import extract
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-from blendserve.service import Settings, create_app
 
 from tests.support.fake_openai import FakeServer
-from tests.support.live import LiveServer
+from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
 RECORDS = [
@@ -33,14 +32,6 @@ def _user(text: str) -> list[Any]:
     return [{"role": "user", "content": text}]
 
 
-def _serve(engine: Any, **settings: Any) -> LiveServer:
-    async def factory() -> Any:
-        return engine
-
-    options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
-    return LiveServer(create_app(Settings(**options), engine_factory=factory))
-
-
 @pytest.fixture
 def engine() -> ReplayEngine:
     return ReplayEngine(RECORDS, seed=3)
@@ -48,7 +39,7 @@ def engine() -> ReplayEngine:
 
 @pytest.fixture
 def server(engine: ReplayEngine) -> Iterator[LiveServer]:
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         yield live
 
 
@@ -104,7 +95,7 @@ def test_async_client_with_policy_and_settling() -> None:
                 model="replay", messages=_user("Three?"), extra_body={"blendserve": options}
             )
 
-    with _serve(ReplayEngine(RECORDS, seed=1)) as live:
+    with serve_engine(ReplayEngine(RECORDS, seed=1)) as live:
         reply = asyncio.run(scenario(live.url))
     vote = reply.model_extra["blendserve"] if reply.model_extra else {}
     assert vote["answer"] == "3" and vote["settled_early"] and vote["samples"] < 64
@@ -203,7 +194,7 @@ def test_passthrough_on_an_engine_without_upstream_returns_plain_samples(
 def test_passthrough_sends_the_body_upstream_unchanged() -> None:
     upstream = FakeServer(name="up").start()
     try:
-        with _serve(OpenAIEngine([upstream.url])) as live:
+        with serve_engine(OpenAIEngine([upstream.url])) as live:
             body = {
                 "model": "fake-model",
                 "messages": _user("hi"),
@@ -225,7 +216,7 @@ def test_passthrough_sends_the_body_upstream_unchanged() -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_cancels_its_samples(stream: bool) -> None:
     engine = ReplayEngine(RECORDS, latency=LatencyModel(fixed=60))
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         body = {"model": "m", "messages": _user("Three?"), "stream": stream, **NUMBER}
         with (
             pytest.raises(httpx.ReadTimeout),
@@ -255,7 +246,7 @@ def _dataset(size: int) -> list[dict[str, Any]]:
 def test_concurrent_requests_are_grouped_and_match_solve() -> None:
     records = _dataset(50)
     engine = ReplayEngine(records, seed=2)
-    with _serve(engine, group_wait_ms=400, default_concurrency=32) as live:
+    with serve_engine(engine, group_wait_ms=400, default_concurrency=32) as live:
 
         async def ask_all() -> list[Any]:
             async with openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x") as client:
@@ -290,7 +281,7 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
 
 def test_an_upstream_that_refuses_every_sample_is_an_openai_error() -> None:
     engine = ReplayEngine(RECORDS)
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="m", messages=_user("not recorded"))

@@ -14,10 +14,9 @@ import httpx
 import openai
 import pytest
 from blendserve.engines.replay import ReplayEngine
-from blendserve.service import Settings, create_app
 
 from tests.support.command import serve_command
-from tests.support.live import LiveServer
+from tests.support.live import LiveServer, serve_engine
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
 REPLAY = ("--engine", "replay", "--data", str(DATA))  # blendserve serve's arguments
@@ -44,11 +43,7 @@ GUARDED = [
 
 
 def _serve(**settings: Any) -> LiveServer:
-    async def factory() -> ReplayEngine:
-        return ReplayEngine(RECORDS, seed=1)
-
-    options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
-    return LiveServer(create_app(Settings(**options), engine_factory=factory))
+    return serve_engine(ReplayEngine(RECORDS, seed=1), **settings)
 
 
 @pytest.fixture(scope="module")

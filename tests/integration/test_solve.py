@@ -11,10 +11,9 @@ from typing import Any
 import httpx
 import pytest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-from blendserve.service import Settings, create_app
 from blendserve_client import Answer, APIError, AsyncClient, Client, Progress, SolveResult
 
-from tests.support.live import LiveServer
+from tests.support.live import LiveServer, serve_engine
 
 RECORDS = [
     {"id": "easy", "answers": ["42"] * 9 + ["41"]},
@@ -23,13 +22,6 @@ RECORDS = [
     {"id": "0", "answers": ["1"]},
 ]
 QUESTIONS = [{"id": r["id"], "prompt": f"question {r['id']}"} for r in RECORDS[:3]]
-
-
-def _serve(engine: ReplayEngine) -> LiveServer:
-    async def factory() -> ReplayEngine:
-        return engine
-
-    return LiveServer(create_app(Settings(default_concurrency=4), engine_factory=factory))
 
 
 @pytest.fixture
@@ -43,7 +35,7 @@ def _stalled() -> ReplayEngine:
 
 @pytest.fixture
 def server(engine: ReplayEngine) -> Iterator[LiveServer]:
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         yield live
 
 
@@ -90,7 +82,7 @@ def _sse(url: str, **body: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_stream_sends_each_answer_once_then_done() -> None:
-    with _serve(ReplayEngine(RECORDS, latency=LatencyModel(fixed=0.005))) as server:
+    with serve_engine(ReplayEngine(RECORDS, latency=LatencyModel(fixed=0.005))) as server:
         events = _sse(server.url, budget=300, settle_delta=0.01)
     names = [name for name, _ in events]
     assert names[-1] == "done" and names.count("done") == 1
@@ -148,7 +140,7 @@ def test_health_and_models(server: LiveServer) -> None:
 
 def test_client_disconnect_cancels_upstream_work() -> None:
     engine = _stalled()
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         payload = {"questions": QUESTIONS, "budget": 30, "stream": True}
         with httpx.stream("POST", f"{live.url}/solve", json=payload, timeout=30):
             deadline = time.monotonic() + 10
@@ -163,7 +155,7 @@ def test_client_disconnect_cancels_upstream_work() -> None:
 
 def test_a_gone_client_cancels_a_non_streamed_job_within_a_second() -> None:
     engine = _stalled()
-    with _serve(engine) as live:
+    with serve_engine(engine) as live:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{live.url}/solve", json={"questions": QUESTIONS, "budget": 30}, timeout=1)
         assert engine.stats.requests > 0

@@ -6,8 +6,10 @@ import asyncio
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 import uvicorn
+from blendserve.engines.base import Engine
 from fastapi import FastAPI
 
 
@@ -51,3 +53,18 @@ class LiveServer:
         self._thread.join(self.timeout)
         if self._thread.is_alive():
             raise RuntimeError("the server did not stop")
+
+
+def serve_engine(engine: Engine, **settings: Any) -> LiveServer:
+    """The blendserve app over ``engine`` (not started: use it as a context manager).
+
+    ``settings`` override :class:`Settings`; by default 4 samples in flight per
+    job and no ``/v1`` grouping wait.
+    """
+    from blendserve.service import Settings, create_app
+
+    async def factory() -> Engine:
+        return engine
+
+    options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
+    return LiveServer(create_app(Settings(**options), engine_factory=factory))

@@ -205,10 +205,6 @@ class ReplicaSet:
             replica.trials += 1
         return False
 
-    def unhealthy(self) -> list[Replica]:
-        """Replicas whose breaker is open."""
-        return [r for r in self.replicas if r.state is BreakerState.OPEN]
-
     def recovering(self) -> bool:
         """Whether some breaker is not closed (the engine keeps probing)."""
         return any(r.state is not BreakerState.CLOSED for r in self.replicas)

@@ -29,10 +29,11 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   every replica is out; :class:`~blendserve.errors.EngineProtocolError` for
   other statuses and unusable bodies. The httpx error is the ``__cause__``.
 * Replicas: see :mod:`blendserve.engines._replicas` for the balancing,
-  affinity and circuit breaker rules. A replica whose breaker is open is
-  probed with ``GET {url}/models`` every ``probe_interval`` seconds by a
-  background task that runs only while some breaker is open; the first 200
-  half-opens it, and its next request is the trial that closes or reopens it.
+  affinity and circuit breaker rules. A replica whose breaker is open (or
+  half-open with its trials in flight) is probed with ``GET {url}/models``
+  every ``probe_interval`` seconds by a background task that runs only while
+  some breaker is not closed; a 200 half-opens it (or admits one more trial),
+  and a trial request closes or reopens it.
   While no replica is available a call fails at once with
   :class:`~blendserve.errors.EngineUnavailable`, without waiting a backoff.
 * Cancelling ``generate`` closes its in-flight HTTP requests.

@@ -66,7 +66,7 @@ def create_app(
             concurrency=settings.default_concurrency,
             request_timeout=settings.upstream_timeout,
             failure_timeout=settings.job_failure_timeout,
-            running=app.state.running,
+            jobs=app.state.running,
         )
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))

@@ -81,7 +81,7 @@ class Grouper:
         concurrency: samples in flight per job.
         request_timeout: seconds per engine request, retries included.
         failure_timeout: seconds of engine failures in a row that end a job.
-        running: where the jobs are tracked for a shutdown (None: not tracked).
+        jobs: where the jobs are tracked for a shutdown (None: a set of its own).
     """
 
     def __init__(
@@ -94,7 +94,7 @@ class Grouper:
         concurrency: int,
         request_timeout: float | None = None,
         failure_timeout: float = 5.0,
-        running: RunningJobs | None = None,
+        jobs: RunningJobs | None = None,
     ) -> None:
         self.engine = engine
         self._keyer_for = keyer_for
@@ -103,7 +103,7 @@ class Grouper:
         self.concurrency = concurrency
         self.request_timeout = request_timeout
         self.failure_timeout = failure_timeout
-        self.jobs = running if running is not None else RunningJobs()
+        self.jobs = jobs if jobs is not None else RunningJobs()
         self._open: dict[str, _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
         #: Jobs started so far.

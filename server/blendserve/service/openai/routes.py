@@ -118,26 +118,23 @@ async def _self_consistent(
     if body.stream:
 
         async def stream() -> AsyncIterator[str]:
+            yield reply.opening()
             try:
-                yield reply.opening()
-                try:
-                    events = await ticket.answers()
-                except BlendserveError as exc:
-                    # The 200 went out with the opening chunk: the error is a chunk.
-                    error = error_body(str(exc), type(exc).__name__, status_for(exc))
-                    yield f"data: {json.dumps(error)}\n\n"
-                    yield DONE
-                    return
-                choices, usage, votes = render(events)
-                for chunk in reply.chunks(choices, usage if body.include_usage else None, votes):
-                    yield chunk
-            finally:
-                ticket.abandon()  # a no-op once answered
+                events = await ticket.answers()
+            except BlendserveError as exc:
+                # The 200 went out with the opening chunk: the error is a chunk.
+                error = error_body(str(exc), type(exc).__name__, status_for(exc))
+                yield f"data: {json.dumps(error)}\n\n"
+                yield DONE
+                return
+            choices, usage, votes = render(events)
+            for chunk in reply.chunks(choices, usage if body.include_usage else None, votes):
+                yield chunk
 
         return HeldStreamingResponse(
             stream(),
             slot,
-            on_close=ticket.abandon,
+            on_close=ticket.abandon,  # a no-op once answered
             media_type="text/event-stream",
             headers=_SSE_HEADERS,
         )

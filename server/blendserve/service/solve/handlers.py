@@ -21,6 +21,7 @@ from blendserve.scheduler import (
     ProgressEvent,
     Question,
 )
+from blendserve.service.settings import Settings
 from blendserve.service.solve.schemas import (
     AnswerOut,
     BudgetOut,
@@ -55,16 +56,8 @@ def make_keyer(kind: str, pattern: str | None) -> Keyer:
     return keyer
 
 
-def build_job(
-    request: SolveRequest,
-    engine: Engine,
-    default_concurrency: int,
-    request_timeout: float | None = None,
-    failure_timeout: float = 5.0,
-) -> Job:
-    """The scheduler job for a validated request (engine requests time out after
-    ``request_timeout`` seconds, retries included; the job fails after
-    ``failure_timeout`` seconds of engine failures in a row)."""
+def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Job:
+    """The scheduler job for a validated request, with the service's job defaults."""
     questions = [
         Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
         for i, q in enumerate(request.questions)
@@ -77,9 +70,9 @@ def build_job(
         model=request.model,
         answer_kind=request.answer.kind,
         settle_delta=request.settle_delta,
-        concurrency=request.concurrency or default_concurrency,
-        request_timeout=request_timeout,
-        failure_timeout=failure_timeout,
+        concurrency=request.concurrency or settings.default_concurrency,
+        request_timeout=settings.upstream_timeout,
+        failure_timeout=settings.job_failure_timeout,
     )
     return Job(spec, engine, make_keyer(request.answer.kind, request.answer.pattern))
 

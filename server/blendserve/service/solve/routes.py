@@ -47,16 +47,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         questions_param="questions",
         budget_param="budget" if body.budget is not None else "budget_per_question",
     )
-    settings = state.settings
-    job = state.running.add(
-        build_job(
-            body,
-            state.engine,
-            settings.default_concurrency,
-            settings.upstream_timeout,
-            settings.job_failure_timeout,
-        )
-    )
+    job = state.running.add(build_job(body, state.engine, state.settings))
     slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
