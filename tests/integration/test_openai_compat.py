@@ -279,12 +279,13 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
     assert sum(r.model_extra["blendserve"][0]["samples"] for r in replies) <= 50 * 6
 
 
-def test_an_upstream_that_refuses_every_sample_is_an_openai_error() -> None:
+def test_an_engine_that_refuses_every_sample_is_an_openai_bad_gateway() -> None:
     engine = ReplayEngine(RECORDS)
     with serve_engine(engine) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="m", messages=_user("not recorded"))
         client.close()
-    assert caught.value.status_code == 503
+    # The engine's protocol error keeps its type through the job: 502, not 503.
+    assert caught.value.status_code == 502
     assert "no recorded answers" in str(caught.value.body)

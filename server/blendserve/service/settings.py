@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
     vllm_model: str | None = None
     default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
+    default_in_flight_per_question: float = Field(
+        0.5, gt=0, description="samples in flight per open question of a job"
+    )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")
     sc_policy: str = "blend"
