@@ -26,6 +26,7 @@ from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 __all__ = [
     "SCORES",
     "PacedThreshold",
+    "Score",
     "StoppingRule",
     "start_log_tau",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from blendserve.core.stopping import SCORES, PacedThreshold, StoppingRule
+from blendserve.core.stopping import SCORES, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.sim.data import Dataset
 from blendserve.sim.runner import AnswerDraws
@@ -33,7 +33,7 @@ class OnlineSpec:
         target: a fixed ``tau`` (a quality target) instead of pacing to the budget.
     """
 
-    score: str = "asc"
+    score: Score = "asc"
     cap: float = 8.0
     target: float | None = None
 
@@ -106,7 +106,7 @@ def run_online(
         pace = PacedThreshold(None, log_tau=math.log(spec.target))
     else:
         pace = PacedThreshold(budget_per_question)
-    rule = StoppingRule.for_budget(budget_per_question, score=spec.score, cap=spec.cap)  # type: ignore[arg-type]
+    rule = StoppingRule.for_budget(budget_per_question, score=spec.score, cap=spec.cap)
     draws = AnswerDraws(dataset, seed)
     order = np.random.default_rng((seed, 1)).permutation(dataset.num_questions)
     votes = VoteState(dataset.num_questions)
