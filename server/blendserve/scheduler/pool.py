@@ -154,6 +154,7 @@ class Pool:
                 wave = self.rule.wave_size(*state.votes.state(0), n, log_tau)
                 if wave == 0:
                     break
+                wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
                 try:
                     samples = await self._wave(state, wave)
                 except EngineError as exc:
@@ -213,8 +214,7 @@ class Pool:
         )
 
     async def _acquire(self, wave: int, priority: float) -> None:
-        # A wave larger than the whole pool runs alone rather than never.
-        need = min(wave, self.spec.concurrency)
+        need = wave
         if not self._waiting and self._free >= need:
             self._free -= need
             return
@@ -228,7 +228,7 @@ class Pool:
             raise
 
     def _release(self, wave: int) -> None:
-        self._free += min(wave, self.spec.concurrency)
+        self._free += wave
         waiting = self._waiting
         while waiting:
             _, _, need, future = waiting[0]
