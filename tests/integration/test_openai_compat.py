@@ -292,3 +292,22 @@ def test_an_upstream_that_refuses_every_sample_is_an_openai_error() -> None:
         client.close()
     assert caught.value.status_code == 503
     assert "no recorded answers" in str(caught.value.body)
+
+
+def test_a_quality_target_stops_at_its_confidence_and_a_policy_asks_for_a_group(
+    client: openai.OpenAI, server: LiveServer
+) -> None:
+    target = {"blendserve": {"answer": "number", "confidence": 0.99}}
+    reply = client.chat.completions.create(model="m", messages=_user("Three?"), extra_body=target)
+    vote = reply.model_extra["blendserve"] if reply.model_extra else {}
+    # Unanimous: P[p1 < p2] = 2^-(n+1) <= 0.01 from 6 samples on.
+    assert vote["answer"] == "3" and vote["samples"] == 6 and vote["settled_early"]
+    assert vote["confidence"]["asc"] <= 0.01
+    grouped = {"blendserve": {"answer": "number", "policy": "sc", "budget_per_question": 5}}
+    reply = client.chat.completions.create(model="m", messages=_user("Three?"), extra_body=grouped)
+    vote = reply.model_extra["blendserve"] if reply.model_extra else {}
+    assert vote["samples"] == 5 and server.app.state.grouper.grouper.jobs_started == 1
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(
+            model="m", messages=_user("Three?"), extra_body={"blendserve": {"confidence": 1.5}}
+        )
