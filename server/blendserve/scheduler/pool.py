@@ -161,7 +161,9 @@ class Pool:
                     failures += 1
                     if failures >= self.spec.max_consecutive_failures:
                         if n == 0:  # as a failed job: the engine is unavailable
-                            raise EngineUnavailable(str(exc)) from exc
+                            raise EngineUnavailable(
+                                f"engine failed {failures} times in a row: {exc}"
+                            ) from exc
                         return self._answer(state, partial=True, capped=False)
                     await asyncio.sleep(min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** (failures - 1)))
                     continue
