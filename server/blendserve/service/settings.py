@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     sc_policy: str = "blend"
     sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
     sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    sc_mode: Literal["online", "grouped"] = Field(
+        "online", description="online: per-question stopping paced to the budget; grouped: jobs"
+    )
+    sc_score: Literal["asc", "ppr"] = Field("asc", description="uncertainty online stopping uses")
+    sc_cap: float = Field(8.0, ge=1, description="online cap, a multiple of the budget")
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
