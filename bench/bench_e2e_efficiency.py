@@ -250,7 +250,7 @@ def scheduler_budget(
 
 
 def sc_wall(records: list[Record], size: int | None, concurrency: int | None = None) -> float:
-    """Modelled seconds of SC@32 sent as ``n=32`` per question, at most ``concurrency`` in flight."""
+    """Modelled seconds of SC@32 sent as ``n=32`` a question, at most ``concurrency`` in flight."""
     return error_at(
         records, size, TARGET, 1, policy=PolicySpec("sc"),
         concurrency=concurrency or len(records) * TARGET, max_samples_per_request=TARGET,
