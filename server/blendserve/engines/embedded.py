@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import importlib.resources
 import importlib.util
@@ -22,7 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,14 +252,46 @@ class EmbeddedEngine(Engine):
     def __init__(self, server: EmbeddedLlamaServer, inner: OpenAIEngine) -> None:
         self.server = server
         self.inner = inner
+        self._extras: httpx.AsyncClient | None = None
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        """Samples from the local model (``n`` split into seeded requests)."""
+        """Samples from the local model (``n`` split into seeded requests).
+
+        llama.cpp's server takes text prompts only: token ids are turned back
+        into text with its own tokenizer first.
+        """
+        if request.prompt is not None and not isinstance(request.prompt, str):
+            request = dataclasses.replace(request, prompt=await self._detokenize(request.prompt))
         return await self.inner.generate(request)
 
+    async def _detokenize(self, tokens: Sequence[int]) -> str:
+        if self._extras is None:
+            root = self.server.base_url.removesuffix("/v1")
+            self._extras = httpx.AsyncClient(base_url=root, timeout=30.0)
+        try:
+            response = await self._extras.post("/extras/detokenize", json={"tokens": list(tokens)})
+            response.raise_for_status()
+            text = response.json()["text"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
+        if not isinstance(text, str):
+            raise EngineUnavailable("llama.cpp could not detokenize the prompt")
+        return text
+
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
-        """Forwards to the local llama.cpp server."""
+        """Forwards to the local llama.cpp server.
+
+        A completion whose prompt is not one string (token ids, several
+        prompts) is none of llama.cpp's server's: None, so that the service
+        answers it through :meth:`generate`.
+        """
+        if path == "/completions" and not isinstance(body.get("prompt"), str):
+            return None
         return await self.inner.forward(path, body)
+
+    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
+        """Asks the local server (which has no vLLM tokenizer endpoints: a 404)."""
+        return await self.inner.tokenizer(path, body)
 
     async def health(self) -> EngineHealth:
         """Healthy while the subprocess lives and the upstream is healthy."""
@@ -270,9 +303,11 @@ class EmbeddedEngine(Engine):
         return await self.inner.models()
 
     async def aclose(self) -> None:
-        """Closes the client, then stops the server."""
+        """Closes the clients, then stops the server."""
         try:
             await self.inner.aclose()
+            if self._extras is not None:
+                await self._extras.aclose()
         finally:
             await self.server.aclose()
 

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     sc_policy: str = "blend"
     sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
     sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    sc_greedy_temperature: float | None = Field(
+        None, gt=0, le=2, description="sample temperature-0 requests at this (unset: one sample)"
+    )
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
