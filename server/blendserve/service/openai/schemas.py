@@ -115,8 +115,9 @@ class _Request(BaseModel):
                 if value not in (None, False) and not (name == "best_of" and value == 1):
                     raise invalid(
                         name,
-                        f"{name} is not supported with self-consistency "
-                        "(set blendserve.enabled to false to pass the request upstream)",
+                        f"{name} is not supported with self-consistency: voting needs "
+                        "generated answers (set blendserve.enabled to false to pass the "
+                        "request upstream)",
                     )
         return self
 
