@@ -24,6 +24,7 @@ from tests.support.command import serve_command
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "gsm8k_test_200.jsonl"
 BUDGET = 4
+TEXT_PROMPTS = "tokenizer_backend=None,tokenized_requests=False"  # no tokenizer here
 # The stock gsm8k task, zero-shot, on local JSONL; "blendserve" reaches the service unchanged.
 TASK = """\
 task: gsm8k_fixture
@@ -120,7 +121,7 @@ def _lm_eval(workdir: Path, out: Path, model: str, model_args: str, *extra: str)
 @pytest.mark.parametrize(
     ("model", "args", "extra"),
     [
-        ("local-completions", "tokenizer_backend=None,tokenized_requests=False", ["--batch_size", "4"]),
+        ("local-completions", TEXT_PROMPTS, ["--batch_size", "4"]),
         ("local-chat-completions", "", ["--apply_chat_template"]),
     ],
 )

@@ -227,6 +227,24 @@ class EmbeddedLlamaServer:
                     )
                 await asyncio.sleep(0.2)
 
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` by the model's own tokenizer (the server takes text only).
+
+        Raises:
+            EngineUnavailable: the server did not answer with a text.
+        """
+        url = self.base_url.removesuffix("/v1") + "/extras/detokenize"
+        try:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                response = await client.post(url, json={"tokens": list(tokens)})
+            response.raise_for_status()
+            text = response.json()["text"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
+        if not isinstance(text, str):
+            raise EngineUnavailable("llama.cpp could not detokenize the prompt")
+        return text
+
     async def aclose(self) -> None:
         """Stops the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
         process, self._process = self._process, None
@@ -244,6 +262,9 @@ class EmbeddedLlamaServer:
             self._log = None
 
 
+_MAX_TEXTS = 1024  # detokenized prompts kept
+
+
 class EmbeddedEngine(Engine):
     """The OpenAI engine over an embedded llama.cpp server it owns."""
 
@@ -252,7 +273,8 @@ class EmbeddedEngine(Engine):
     def __init__(self, server: EmbeddedLlamaServer, inner: OpenAIEngine) -> None:
         self.server = server
         self.inner = inner
-        self._extras: httpx.AsyncClient | None = None
+        # token ids -> their text, for the prompts of the questions in flight
+        self._texts: dict[tuple[int, ...], str] = {}
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Samples from the local model (``n`` split into seeded requests).
@@ -261,22 +283,15 @@ class EmbeddedEngine(Engine):
         into text with its own tokenizer first.
         """
         if request.prompt is not None and not isinstance(request.prompt, str):
-            request = dataclasses.replace(request, prompt=await self._detokenize(request.prompt))
+            tokens = tuple(request.prompt)
+            text = self._texts.get(tokens)
+            if text is None:
+                text = await self.server.detokenize(tokens)
+                if len(self._texts) >= _MAX_TEXTS:
+                    del self._texts[next(iter(self._texts))]  # the oldest
+                self._texts[tokens] = text
+            request = dataclasses.replace(request, prompt=text)
         return await self.inner.generate(request)
-
-    async def _detokenize(self, tokens: Sequence[int]) -> str:
-        if self._extras is None:
-            root = self.server.base_url.removesuffix("/v1")
-            self._extras = httpx.AsyncClient(base_url=root, timeout=30.0)
-        try:
-            response = await self._extras.post("/extras/detokenize", json={"tokens": list(tokens)})
-            response.raise_for_status()
-            text = response.json()["text"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
-        if not isinstance(text, str):
-            raise EngineUnavailable("llama.cpp could not detokenize the prompt")
-        return text
 
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
         """Forwards to the local llama.cpp server.
@@ -303,11 +318,9 @@ class EmbeddedEngine(Engine):
         return await self.inner.models()
 
     async def aclose(self) -> None:
-        """Closes the clients, then stops the server."""
+        """Closes the client, then stops the server."""
         try:
             await self.inner.aclose()
-            if self._extras is not None:
-                await self._extras.aclose()
         finally:
             await self.server.aclose()
 
