@@ -5,8 +5,8 @@ a subprocess with its ``local-completions`` (batches of prompts) and
 ``local-chat-completions`` API models, several requests at once, on a local
 zero-shot copy of its ``gsm8k`` task over the vendored GSM8K fixture (nothing
 is downloaded). The replay data is built from the fixture so that the score
-is known in advance: a question's recorded answers are all its gold answer
-(some with truncated samples among them), or all one wrong answer.
+is known in advance: a question's recorded answers are all its gold answer,
+or all one wrong answer.
 """
 
 import json
@@ -77,12 +77,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i, line in enumerate(FIXTURE.read_text().splitlines()):
         doc = json.loads(line)
         gold = _gold(doc["answer"])
-        if i % 5 == 4:
-            answers: list[str | None] = [str(int(gold) + 1)] * 8
-        elif i % 5 == 3:
-            answers = [gold] * 5 + [None] * 3  # truncated samples abstain
-        else:
-            answers = [gold] * 8
+        # Unanimous: lm-eval sends one seed with every request, so the replay
+        # engine, like vLLM, draws the same samples for the same seed.
+        answers = [str(int(gold) + 1) if i % 5 == 4 else gold] * 8
         records.append({"prompt": f"Question: {doc['question']}\nAnswer:", "answers": answers})
     (root / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return root
