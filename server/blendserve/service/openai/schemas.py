@@ -30,7 +30,6 @@ __all__ = [
     "CompletionRequest",
     "PromptInput",
     "VoteOut",
-    "invalid",
 ]
 
 #: One prompt of ``/v1/completions``: text or token ids.
@@ -43,17 +42,17 @@ UNSUPPORTED_WITH_SC = (
 )  # fmt: skip
 
 
-def invalid(param: str, message: str) -> PydanticCustomError:
+def _invalid(param: str, message: str) -> PydanticCustomError:
     """A validation error that names the request field at fault (``error.param``)."""
     return PydanticCustomError("invalid_field", "{message}", {"message": message, "param": param})
 
 
 def _token_ids(value: object, param: str) -> None:
     if not isinstance(value, list) or not value:
-        raise invalid(param, "token ids must be a non-empty list of integers")
+        raise _invalid(param, "token ids must be a non-empty list of integers")
     for j, token in enumerate(value):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise invalid(f"{param}.{j}", "a token id must be an integer >= 0")
+            raise _invalid(f"{param}.{j}", "a token id must be an integer >= 0")
 
 
 class BlendserveOptions(BaseModel):
@@ -113,7 +112,7 @@ class _Request(BaseModel):
             for name in UNSUPPORTED_WITH_SC:
                 value = extra.get(name)
                 if value not in (None, False) and not (name == "best_of" and value == 1):
-                    raise invalid(
+                    raise _invalid(
                         name,
                         f"{name} is not supported with self-consistency: voting needs "
                         "generated answers (set blendserve.enabled to false to pass the "
@@ -181,13 +180,13 @@ class CompletionRequest(_Request):
         if isinstance(value, str):
             return value
         if not isinstance(value, list) or not value:
-            raise invalid(
+            raise _invalid(
                 "prompt", "prompt must be a string, token ids, or a non-empty list of either"
             )
         if isinstance(value[0], str):
             for i, item in enumerate(value):
                 if not isinstance(item, str):
-                    raise invalid(f"prompt.{i}", "a batch of text prompts holds strings only")
+                    raise _invalid(f"prompt.{i}", "a batch of text prompts holds strings only")
         elif isinstance(value[0], list):
             for i, item in enumerate(value):
                 _token_ids(item, f"prompt.{i}")
@@ -201,7 +200,7 @@ class CompletionRequest(_Request):
             for i, prompt in enumerate(self.prompts):
                 if not prompt:
                     param = f"prompt.{i}" if self.batched else "prompt"
-                    raise invalid(param, "an empty prompt has nothing to answer")
+                    raise _invalid(param, "an empty prompt has nothing to answer")
         return self
 
     @property
