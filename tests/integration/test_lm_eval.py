@@ -121,6 +121,7 @@ def _lm_eval(workdir: Path, out: Path, model: str, model_args: str, *extra: str)
         ("local-completions", TEXT_PROMPTS, ["--batch_size", "4"]),
         ("local-chat-completions", "", ["--apply_chat_template"]),
     ],
+    ids=["completions", "chat"],
 )
 def test_lm_eval_scores_the_fixture_task_with_every_answer_voted(
     workdir: Path, tmp_path: Path, model: str, args: str, extra: list[str]
