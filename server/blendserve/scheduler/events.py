@@ -119,6 +119,8 @@ class DoneEvent:
     error: str | None = None
     answered: int = 0
     settled: int = 0
+    #: The engine error that failed the job (its type says which status a client gets).
+    cause: BaseException | None = None
 
     @property
     def unspent(self) -> int:

@@ -67,7 +67,10 @@ class JobSpec:
         model: upstream model name.
         answer_kind: answer format passed to the engine (a replay hint).
         settle_delta: PPR-1v1 error at which a question stops (0: never).
-        concurrency: samples kept in flight.
+        concurrency: most samples in flight.
+        in_flight_per_question: samples in flight per open question, at most
+            (the latency trade-off: more is fewer rounds, fewer is decisions
+            closer to the sequential policy's; see :class:`Job`).
         max_samples_per_request: largest ``n`` of one engine request.
         seed: seeds the policy's tie-break.
         request_timeout: seconds per engine request (None: the engine's default).
@@ -86,6 +89,7 @@ class JobSpec:
     answer_kind: str = "auto"
     settle_delta: float = 0.0
     concurrency: int = 64
+    in_flight_per_question: float = 0.5
     max_samples_per_request: int = 16
     seed: int = 0
     request_timeout: float | None = None
@@ -123,21 +127,24 @@ class Job:
             raise ValueError("a job needs at least one question")
         if spec.concurrency < 1 or spec.max_samples_per_request < 1:
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        if not spec.in_flight_per_question > 0:
+            raise ValueError(
+                f"in_flight_per_question must be positive, got {spec.in_flight_per_question}"
+            )
         if not spec.failure_timeout >= 0:
             raise ValueError(f"failure_timeout must be >= 0, got {spec.failure_timeout}")
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
         self.status = JobStatus.PENDING
-        # With more slots than questions, a question may have a few samples in
-        # flight, else every question would be held back to one and sampled in lockstep.
-        max_in_flight = max(1, math.ceil(2 * spec.concurrency / len(spec.questions)))
+        # Any question may take several samples at once if the ranking, virtual
+        # votes included, still puts it first; _in_flight_limit bounds the job.
         self.policy: AllocationPolicy = spec.policy.build(
             len(spec.questions),
             spec.budget,
             seed=spec.seed,
             settle_delta=spec.settle_delta,
-            max_in_flight=max_in_flight,
+            max_in_flight=spec.budget,
         )
         self._states = [_QuestionState() for _ in spec.questions]
         self._usage = Usage()
@@ -184,6 +191,7 @@ class Job:
         resume_at = -math.inf  # no dispatch before this (backoff after a failure)
         swept = False  # every question checked once the budget ran out
         error: str | None = None
+        cause: BaseException | None = None
         try:
             while True:
                 backoff = resume_at - loop.time() if error is None else 0.0
@@ -231,6 +239,7 @@ class Job:
                                 f"engine failed {failures} times in a row"
                                 f" over {lasted:.1f} s: {exc}"
                             )
+                            cause = exc
                             for other in in_flight:  # refunded below, never counted
                                 other.cancel()
                     if error is None:
@@ -265,6 +274,7 @@ class Job:
                 usage=self._usage,
                 duration_s=loop.time() - started,
                 error=error,
+                cause=cause,
                 answered=self._num_answered,
                 settled=sum(map(self.policy.is_settled, range(len(self._states)))),
             )
@@ -283,30 +293,31 @@ class Job:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _in_flight_limit(self) -> int:
+        """Samples the job may have in flight now (see the class docstring)."""
+        policy = self.policy
+        if policy.num_open == 1 and not policy.stops_early:
+            return self.spec.concurrency  # nothing left to decide
+        informed = math.ceil(self.spec.in_flight_per_question * policy.num_open)
+        return max(1, min(self.spec.concurrency, informed))
+
     def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
-        """Fills the free slots: best questions first, extra samples if slots remain."""
-        free = self.spec.concurrency - self.policy.num_pending
-        # At most half the open questions per round (the better half); the spare
-        # slots go to them as extra samples, so few questions do not mean lockstep.
-        chosen = self.policy.select(min(free, math.ceil(self.policy.num_open / 2)))
-        sizes = dict.fromkeys(chosen, 1)
-        spare = free - len(chosen)
-        # Fewer selectable questions than free slots: a question takes several samples.
-        while spare > 0 and chosen:
-            grown = False
-            for q in chosen:
-                if spare == 0:
-                    break
-                if sizes[q] < self.spec.max_samples_per_request and self.policy.extend(q, 1):
-                    sizes[q] += 1
-                    spare -= 1
-                    grown = True
-            if not grown:
+        """Fills the free slots one decision at a time; a question chosen k times gets ``n=k``."""
+        policy = self.policy
+        sizes: dict[int, int] = {}
+        for _ in range(self._in_flight_limit() - policy.num_pending):
+            chosen = policy.select(1)
+            if not chosen:
                 break
-        for q in chosen:
-            task = asyncio.ensure_future(self.engine.generate(self._request(q, sizes[q])))
-            in_flight[task] = (q, sizes[q])
-            metrics.IN_FLIGHT_SAMPLES.inc(sizes[q])
+            sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
+        limit = self.spec.max_samples_per_request
+        for q, size in sizes.items():
+            while size > 0:
+                n = min(size, limit)
+                size -= n
+                task = asyncio.ensure_future(self.engine.generate(self._request(q, n)))
+                in_flight[task] = (q, n)
+                metrics.IN_FLIGHT_SAMPLES.inc(n)
 
     def _request(self, q: int, n: int) -> GenerateRequest:
         question = self.spec.questions[q]

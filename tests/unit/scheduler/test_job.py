@@ -5,6 +5,7 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.core import PolicySpec
+from blendserve.errors import EngineProtocolError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
 
 from tests.support.fake_engine import FakeEngine, last_word
@@ -90,12 +91,26 @@ def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> Non
     assert done.spent == 0
 
 
-def test_small_batches_take_several_samples_per_request() -> None:
+def test_a_question_the_ranking_keeps_first_takes_several_samples_per_request() -> None:
     engine = FakeEngine(DISTRIBUTIONS)
-    _run(_events(Job(_spec(64, concurrency=16, max_samples_per_request=8), engine, last_word)))
+    spec = _spec(64, concurrency=16, in_flight_per_question=4, max_samples_per_request=8)
+    _run(_events(Job(spec, engine, last_word)))
     assert max(r.n for r in engine.requests) > 1
     assert max(r.n for r in engine.requests) <= 8
     assert sum(r.n for r in engine.requests) == len(engine.served) == 64
+
+
+def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:
+    engine = FakeEngine(DISTRIBUTIONS)
+
+    async def refuse(request: Any) -> Any:
+        raise EngineProtocolError("upstream sent nonsense")
+
+    engine.generate = refuse  # type: ignore[method-assign]
+    done = _run(_events(Job(_spec(8), engine, last_word)))[-1]
+    assert done.status is JobStatus.FAILED
+    assert isinstance(done.cause, EngineProtocolError)
+    assert "nonsense" in (done.error or "")
 
 
 def test_abstaining_samples_are_spent_but_do_not_vote() -> None:

@@ -16,7 +16,8 @@ from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
 from blendserve.service.errors import error_body, error_responses, status_for
 from blendserve.service.limits import HeldStreamingResponse, JobLimits, Prompt, Slot
-from blendserve.service.openai.grouping import Grouper, GroupSettings
+from blendserve.service.openai.grouping import GroupSettings
+from blendserve.service.openai.online import DropIn
 from blendserve.service.openai.render import (
     DONE,
     Reply,
@@ -81,7 +82,7 @@ async def _self_consistent(
     chat: bool,
 ) -> Response | Any:
     settings: Settings = request.app.state.settings
-    grouper: Grouper = request.app.state.grouper
+    grouper: DropIn = request.app.state.grouper
     options = body.blendserve
     answer = options.answer
     budget = options.budget_per_question or settings.sc_budget_per_question
@@ -110,7 +111,13 @@ async def _self_consistent(
         budget_param="blendserve.budget_per_question",
     )
     slot: Slot = request.app.state.admission.admit(len(questions), param=questions_param)
-    ticket = grouper.submit(group, questions, budget)
+    ticket = grouper.submit(
+        group,
+        questions,
+        budget,
+        confidence=options.confidence,
+        policy_asked=options.policy is not None,
+    )
     reply = Reply(chat, _model(request, body.model))
 
     def render(events: list[AnswerEvent]) -> tuple[Any, ...]:

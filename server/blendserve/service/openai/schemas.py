@@ -69,6 +69,13 @@ class BlendserveOptions(BaseModel):
     )
     answer: AnswerFormat | None = None
     settle_delta: float | None = Field(None, ge=0, lt=1)
+    confidence: float | None = Field(
+        None,
+        gt=0.5,
+        lt=1,
+        description="quality target instead of a budget: stop each question once "
+        "P[its answer is not the most likely one] <= 1 - confidence",
+    )
 
     @field_validator("answer", mode="before")
     @classmethod
