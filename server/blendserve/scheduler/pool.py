@@ -24,7 +24,7 @@ from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
-from blendserve.errors import EngineError, EngineUnavailable
+from blendserve.errors import EngineError
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
 from blendserve.scheduler.job import Keyer, Question
 
@@ -160,8 +160,8 @@ class Pool:
                 except EngineError as exc:
                     failures += 1
                     if failures >= self.spec.max_consecutive_failures:
-                        if n == 0:  # as a failed job: the engine is unavailable
-                            raise EngineUnavailable(
+                        if n == 0:  # as a failed job, of the same kind of error
+                            raise type(exc)(
                                 f"engine failed {failures} times in a row: {exc}"
                             ) from exc
                         return self._answer(state, partial=True, capped=False)
