@@ -87,11 +87,12 @@ async def _self_consistent(
     answer = options.answer
     budget = options.budget_per_question or settings.sc_budget_per_question
     temperature = body.temperature
-    if temperature == 0:  # greedy decoding has one answer: more samples only repeat it
-        if settings.sc_greedy_temperature is None:
-            budget = 1
-        else:
-            temperature = settings.sc_greedy_temperature
+    # Greedy decoding has one answer: more samples would only repeat it.
+    one_sample = temperature == 0 and settings.sc_greedy_temperature is None
+    if one_sample:
+        budget = 1
+    elif temperature == 0:
+        temperature = settings.sc_greedy_temperature
     group = GroupSettings(
         policy=options.policy or settings.sc_policy,
         answer_kind=answer.kind if answer is not None else settings.sc_answer,
@@ -115,8 +116,9 @@ async def _self_consistent(
         group,
         questions,
         budget,
-        confidence=options.confidence,
-        policy_asked=options.policy is not None,
+        confidence=None if one_sample else options.confidence,
+        # A job spends exactly its budget (one sample each); a pool paces a mean.
+        policy_asked=options.policy is not None or one_sample,
     )
     reply = Reply(chat, _model(request, body.model))
 
