@@ -184,7 +184,8 @@ def sequential_error(records: list[Record], size: int | None, b: int, reps: int)
         draws = AnswerDraws(StreamEngine(records, seed, LATENCY).dataset, seed)
         start = 0
         for chunk in split(records, size):
-            policy = spec.build(len(chunk), b * len(chunk), seed=seed)
+            # Built as a job builds it, so that ties are broken alike.
+            policy = spec.build(len(chunk), b * len(chunk), seed=seed, max_in_flight=b * len(chunk))
             while chosen := policy.select(1):
                 policy.observe(chosen[0], draws.next(start + chosen[0]))
             wrong += sum(policy.votes.answer(q) != 0 for q in range(len(chunk)))

@@ -32,11 +32,12 @@ class AllocationPolicy(ABC):
     ``max_in_flight > 1``, while it has that many in flight).
 
     Every question first gets one sample, in index order, before any question
-    gets a second. A question is ranked by :meth:`rank_state`, which counts
-    each of its pending samples as a vote for its current leader ("virtual
-    votes", as parallel tree search uses virtual loss): a question with
-    samples in flight is chosen again only if it still ranks first once its
-    pending samples are assumed to confirm it. A question whose PPR-1v1
+    gets a second. A question is ranked by :meth:`rank_state`, which, when a
+    question may have several samples in flight (``max_in_flight > 1``),
+    counts each of its pending samples as a vote for its current leader
+    ("virtual votes", as parallel tree search uses virtual loss): a question
+    with samples in flight is chosen again only if it still ranks first once
+    its pending samples are assumed to confirm it. A question whose PPR-1v1
     uncertainty falls to ``settle_delta`` is settled: it gets no more samples
     (``settle_delta=0`` disables settling).
 
@@ -140,11 +141,12 @@ class AllocationPolicy(ABC):
         """``(n1, n2, K)`` that ranks ``q``: its votes plus one per pending sample for its leader.
 
         A question with pending samples and no vote yet ranks as one answer
-        seen ``num_pending`` times.
+        seen ``num_pending`` times. With ``max_in_flight == 1`` a pending
+        question cannot be chosen, and it ranks by its votes alone.
         """
         votes = self.votes
         num_pending = self.num_pending_of[q]
-        if num_pending == 0:
+        if num_pending == 0 or self.max_in_flight == 1:
             return votes.n1[q], votes.n2[q], votes.num_distinct[q]
         return votes.n1[q] + num_pending, votes.n2[q], max(1, votes.num_distinct[q])
 
@@ -210,7 +212,8 @@ class AllocationPolicy(ABC):
         self.num_assigned[q] -= 1
         if self.num_assigned[q] == 0:
             self._unsampled.appendleft(q)
-        self._on_rank_change(q)
+        if self.max_in_flight > 1:
+            self._on_rank_change(q)
         if self.num_pending_of[q] < self.max_in_flight:
             self._clear(q, _PENDING)
 
@@ -226,7 +229,8 @@ class AllocationPolicy(ABC):
         num_pending = self.num_pending_of[q] = self.num_pending_of[q] + 1
         flags = self._flags[q] | (_PENDING if num_pending >= self.max_in_flight else _CHOSEN)
         self._flags[q] = flags
-        self._on_rank_change(q)
+        if self.max_in_flight > 1:
+            self._on_rank_change(q)
         if self.cap is not None:
             # Paper, section 4: questions holding more than cap x the mean are skipped.
             limit = self.cap * self.num_dispatched / self._num_questions

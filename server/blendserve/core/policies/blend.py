@@ -98,6 +98,10 @@ class BlendPolicy(AllocationPolicy):
         return scores
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
+        if key is None and self.max_in_flight == 1:  # no vote, no virtual one: same state
+            if selectable:
+                self._on_selectable(q, True)
+            return
         self._move(q, selectable)
 
     def _on_rank_change(self, q: int) -> None:
