@@ -46,7 +46,7 @@ class GenerateRequest:
     is set.
 
     Attributes:
-        prompt: plain-text prompt.
+        prompt: plain-text prompt, or the prompt's token ids (as vLLM takes them).
         messages: chat messages (``{"role": ..., "content": ...}``).
         n: samples wanted.
         params: sampling parameters.
@@ -57,7 +57,7 @@ class GenerateRequest:
         timeout: seconds for the whole call (None: the engine's default).
     """
 
-    prompt: str | None = None
+    prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
     n: int = 1
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -155,6 +155,15 @@ class Engine(ABC):
 
         For requests that turn self-consistency off. None: this engine has no
         OpenAI upstream (the service then answers from :meth:`generate`).
+        """
+        return None
+
+    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
+        """Calls vLLM's tokenizer endpoint ``path`` at the upstream's root, reply unchanged.
+
+        ``path`` is ``/tokenize``, ``/detokenize`` (``body`` POSTed) or
+        ``/tokenizer_info`` (``body`` None: a GET). None: this engine has no
+        upstream to ask.
         """
         return None
 

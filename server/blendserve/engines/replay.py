@@ -114,12 +114,18 @@ def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     return records
 
 
+def _prompt_key(prompt: str | Sequence[int]) -> str:
+    """A text prompt as is; token ids as their JSON list (``[1, 2, 3]``)."""
+    return prompt if isinstance(prompt, str) else json.dumps(list(prompt))
+
+
 class ReplayEngine(Engine):
     """Serves recorded answers by question id, else by exact prompt.
 
     Args:
         data: a JSONL file (``{"id", "answers": [...]}`` per line, optional
-            ``prompt``/``question``) or the records themselves.
+            ``prompt``/``question``, a prompt given as a string or as token
+            ids) or the records themselves.
         seed: seeds the answer draws (a request's own ``seed`` overrides it).
         latency: the latency and capacity model (zero latency by default).
         faults: injected fault rates.
@@ -149,8 +155,11 @@ class ReplayEngine(Engine):
             values = [None if a is None else str(a) for a in answers]
             self._answers[str(record.get("id", i))] = values
             for field in ("prompt", "question"):
-                if isinstance(record.get(field), str):
-                    self._answers.setdefault(record[field], values)
+                prompt = record.get(field)
+                if isinstance(prompt, str) or (
+                    isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+                ):
+                    self._answers.setdefault(_prompt_key(prompt), values)
         self.latency = latency or LatencyModel()
         self.faults = faults or FaultConfig()
         self.model_name = model_name
@@ -164,13 +173,15 @@ class ReplayEngine(Engine):
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     def _lookup(self, request: GenerateRequest) -> list[str | None]:
-        keys = [request.question_id, request.prompt]
+        keys = [request.question_id]
+        if request.prompt is not None:
+            keys.append(_prompt_key(request.prompt))
         if request.messages:
             keys.append(str(request.messages[-1].get("content")))
         for key in keys:
             if key is not None and key in self._answers:
                 return self._answers[key]
-        raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[1]!r}")
+        raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[-1]!r}")
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Draws ``request.n`` recorded answers and renders them, after the modelled delay."""
@@ -191,7 +202,8 @@ class ReplayEngine(Engine):
             if self._fault_rng.random() < self.faults.slow_rate:
                 delay *= self.faults.slow_factor
             await self._run(request.n, delay)
-            prompt_tokens = len((request.prompt or str(request.messages)).split())
+            text = request.prompt if request.prompt is not None else str(request.messages)
+            prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
             self.stats.samples += request.n
             outcome = "completed"
             metrics.UPSTREAM_LATENCY.labels(self.name).observe(time.monotonic() - started)

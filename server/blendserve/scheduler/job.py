@@ -67,7 +67,7 @@ class Question:
     """One question: a plain prompt or chat messages."""
 
     id: str
-    prompt: str | None = None
+    prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
 
 
@@ -116,12 +116,14 @@ class JobSpec:
 
 @dataclass
 class _QuestionState:
-    # canonical key -> first extracted answer and completion text with that key
+    # canonical key -> first extracted answer, completion text and finish reason with that key
     answers: dict[str, str] = field(default_factory=dict)
     completions: dict[str, str] = field(default_factory=dict)
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     answered: bool = False
     abstained: str | None = None  # the last completion with no answer
+    abstained_finish_reason: str | None = None
 
 
 class Job:
@@ -354,9 +356,11 @@ class Job:
             answer, key = (None, None) if truncated else await self.keyer(sample.text)
             if key is None:
                 state.abstained = sample.text
+                state.abstained_finish_reason = sample.finish_reason
             elif key not in state.answers:
                 state.answers[key] = answer if answer is not None else key
                 state.completions[key] = sample.text
+                state.finish_reasons[key] = sample.finish_reason
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
@@ -418,6 +422,8 @@ class Job:
                 for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
             },
             abstained=state.abstained,
+            finish_reasons={str(k): state.finish_reasons[str(k)] for k in counts},
+            abstained_finish_reason=state.abstained_finish_reason,
         )
 
     def _progress(self) -> ProgressEvent:

@@ -91,6 +91,9 @@ class _Open:
     answers: dict[str, tuple[str, str]]  # key -> (answer, one completion)
     usage: Usage
     abstained: str | None = None
+    # key -> finish reason of its completion in answers
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    abstained_finish_reason: str | None = None
     rounds: int = 0
 
 
@@ -249,8 +252,10 @@ class Pool:
             answer, key = (None, None) if truncated else await self.keyer(sample.text)
             if key is None:
                 state.abstained = sample.text
+                state.abstained_finish_reason = sample.finish_reason
             elif key not in state.answers:
                 state.answers[key] = (answer if answer is not None else key, sample.text)
+                state.finish_reasons[key] = sample.finish_reason
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
@@ -287,6 +292,8 @@ class Pool:
                 for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
             },
             abstained=state.abstained,
+            finish_reasons={k: state.finish_reasons[k] for k in counts},
+            abstained_finish_reason=state.abstained_finish_reason,
         )
 
     def _report(self) -> None:

@@ -18,6 +18,7 @@ from blendserve.service.observability import router as metrics_router
 from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.online import DropIn, OnlinePools
 from blendserve.service.openai.routes import router as openai_router
+from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
@@ -93,6 +94,7 @@ def create_app(
     app.include_router(system_router)
     app.include_router(solve_router)
     app.include_router(openai_router)
+    app.include_router(tokenizer_router)
     app.include_router(metrics_router)
     # The last added runs first: count every request, then check its key, then its size.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

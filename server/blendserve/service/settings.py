@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     sc_policy: str = "blend"
     sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
     sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    sc_greedy_temperature: float | None = Field(
+        None, gt=0, le=2, description="sample temperature-0 requests at this (unset: one sample)"
+    )
     sc_mode: Literal["online", "grouped"] = Field(
         "online", description="online: per-question stopping paced to the budget; grouped: jobs"
     )

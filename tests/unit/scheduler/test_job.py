@@ -153,6 +153,16 @@ def test_truncated_samples_do_not_vote() -> None:
     assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
 
 
+def test_answers_carry_the_finish_reason_of_the_completion_they_show() -> None:
+    engine = FakeEngine({"all cut": [("cut", 1.0)], "some cut": [("cut", 0.5), ("7", 0.5)]})
+    questions = [Question("all cut", "p"), Question("some cut", "p")]
+    events = _run(_events(Job(JobSpec(questions, budget=20, seed=4), engine, last_word)))
+    cut, fine = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+    assert cut.answer is None and cut.abstained == "so it is cut"
+    assert cut.abstained_finish_reason == "length" and cut.finish_reasons == {}
+    assert fine.answer == "7" and fine.finish_reasons == {"7": "stop"}
+
+
 def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight() -> None:
     async def scenario() -> tuple[list[Any], FakeEngine]:
         engine = FakeEngine(DISTRIBUTIONS, seed=4, latency=0.001)
