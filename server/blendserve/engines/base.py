@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -36,6 +36,17 @@ class SamplingParams:
     stop: tuple[str, ...] | None = None
     seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def from_sample(self, index: int) -> SamplingParams:
+        """These params for a request whose first sample is a question's ``index``-th.
+
+        A seeded question's requests then carry ``seed + index``: engines give
+        the ``i``-th sample of a request ``seed + i``, so no two samples of the
+        question share a seed (and a seeded upstream repeats none of them).
+        """
+        if self.seed is None or index == 0:
+            return self
+        return replace(self, seed=self.seed + index)
 
 
 @dataclass(frozen=True)

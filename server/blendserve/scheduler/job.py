@@ -328,20 +328,23 @@ class Job:
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
         limit = self.spec.max_samples_per_request
         for q, size in sizes.items():
+            first = policy.num_assigned[q] - size  # the index of this dispatch's first sample
             while size > 0:
                 n = min(size, limit)
                 size -= n
-                task = asyncio.ensure_future(self.engine.generate(self._request(q, n)))
+                request = self._request(q, n, first)
+                first += n
+                task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
                 metrics.IN_FLIGHT_SAMPLES.inc(n)
 
-    def _request(self, q: int, n: int) -> GenerateRequest:
+    def _request(self, q: int, n: int, first: int) -> GenerateRequest:
         question = self.spec.questions[q]
         return GenerateRequest(
             prompt=question.prompt,
             messages=question.messages,
             n=n,
-            params=self.spec.sampling,
+            params=self.spec.sampling.from_sample(first),
             model=self.spec.model,
             question_id=question.id,
             answer_kind=self.spec.answer_kind,

@@ -198,19 +198,23 @@ class Pool:
             )
             if wave % self.spec.max_samples_per_request:
                 sizes.append(wave % self.spec.max_samples_per_request)
-            results = await asyncio.gather(*(self._generate(state.question, k) for k in sizes))
+            # The sample index each request starts at (seeded requests shift their seed).
+            starts = itertools.accumulate(sizes[:-1], initial=state.votes.num_samples[0])
+            pairs = zip(sizes, starts, strict=True)
+            requests = (self._generate(state.question, k, i) for k, i in pairs)
+            results = await asyncio.gather(*requests)
             return [s for result in results for s in result]
         finally:
             metrics.IN_FLIGHT_SAMPLES.dec(wave)
             self._release(wave)
 
-    def _generate(self, question: Question, n: int) -> Awaitable[list[Sample]]:
+    def _generate(self, question: Question, n: int, first: int) -> Awaitable[list[Sample]]:
         return self.engine.generate(
             GenerateRequest(
                 prompt=question.prompt,
                 messages=question.messages,
                 n=n,
-                params=self.spec.sampling,
+                params=self.spec.sampling.from_sample(first),
                 model=self.spec.model,
                 question_id=question.id,
                 answer_kind=self.spec.answer_kind,

@@ -4,14 +4,14 @@ import random
 import statistics
 from typing import Any
 
-from blendserve.engines.base import GenerateRequest, Sample
+from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.sim import run_virtual
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.fake_engine import last_word
+from tests.support.fake_engine import SeedRecordingEngine, last_word
 
 LATENCIES = {
     "zero": LatencyModel(),
@@ -120,3 +120,14 @@ def test_a_single_question_without_stopping_rule_is_sent_at_once() -> None:
     spec = JobSpec([Question("q", "q")], budget=64, concurrency=16, max_samples_per_request=8)
     _run(Job(spec, engine, last_word))
     assert engine.stats.requests == 8 and engine.stats.samples == 64
+
+
+def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
+    records = [{"id": "q", "answers": ["1", "2"]}, {"id": "r", "answers": ["3"]}]
+    engine = SeedRecordingEngine(records)
+    questions = [Question("q", "q"), Question("r", "r")]
+    spec = JobSpec(questions, budget=40, concurrency=8, sampling=SamplingParams(seed=1234))
+    _run(Job(spec, engine, last_word))
+    for seeds in engine.seeds.values():
+        assert sorted(seeds) == list(range(1234, 1234 + len(seeds)))
+    assert sum(map(len, engine.seeds.values())) == 40

@@ -8,10 +8,13 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.answers import extract
+from blendserve.engines.base import SamplingParams
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
+
+from tests.support.fake_engine import SeedRecordingEngine
 
 T = TypeVar("T")
 
@@ -117,3 +120,21 @@ def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
     with pytest.raises(EngineUnavailable):
         _run(ask())
     assert math.isfinite(pool.tau)
+
+
+def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
+    records = [{"id": f"q{i}", "answers": ["1", "2", "3"]} for i in range(4)]
+    engine = SeedRecordingEngine(records)
+    spec = PoolSpec(budget_per_question=6, answer_kind="number", sampling=SamplingParams(seed=7))
+    pool = Pool(spec, engine, _keyer)
+
+    async def ask() -> list[AnswerEvent]:
+        answers = await asyncio.gather(*(pool.submit(_question(i)) for i in range(4)))
+        await pool.aclose()
+        return answers
+
+    answers = _run(ask())
+    for answer in answers:
+        seeds = engine.seeds[answer.id]
+        assert len(seeds) == answer.samples > 1
+        assert sorted(seeds) == list(range(7, 7 + len(seeds)))
