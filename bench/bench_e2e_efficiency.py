@@ -25,7 +25,6 @@ import asyncio
 import functools
 import json
 import statistics
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,12 +33,12 @@ from typing import Any
 
 import httpx
 import numpy as np
-import uvicorn
+from bench_scheduler import serve
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import GenerateRequest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
-from blendserve.service import Settings, create_app
+from blendserve.service import Settings
 from blendserve.service.solve.handlers import make_keyer
 from blendserve.sim.clock import run_virtual
 from blendserve.sim.data import MIN_ANSWERS, Dataset
@@ -198,17 +197,7 @@ def http_run(records: list[Record], size: int, b: int, mean_latency: float) -> d
     """One split through a real ``POST /solve`` per job, concurrently, in real time."""
     latency = LatencyModel(fixed=0.0, exponential_mean=mean_latency, max_concurrent_sequences=64)
     engine = ReplayEngine([{"id": r.id, "answers": r.answers} for r in records], latency=latency)
-
-    async def factory() -> ReplayEngine:
-        return engine
-
-    app = create_app(Settings(), engine_factory=factory)
-    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning", access_log=False))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server, thread, port = serve(engine, Settings())
 
     async def solve(chunk: list[Record], client: httpx.AsyncClient, **extra: Any) -> int:
         body = {

@@ -41,20 +41,24 @@ def _records(path: Path, limit: int) -> list[dict[str, Any]]:
     return kept[:limit]
 
 
-def overhead(records: list[dict[str, Any]], budget_per_question: int) -> float:
-    """Samples/s of one big /solve job through HTTP, zero-latency replay engine."""
-    engine = ReplayEngine(records)
+def serve(engine: ReplayEngine, settings: Settings) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """The service over ``engine`` on a real uvicorn server on loopback; returns it and its port."""
 
     async def factory() -> ReplayEngine:
         return engine
 
-    app = create_app(Settings(default_concurrency=256), engine_factory=factory)
+    app = create_app(settings, engine_factory=factory)
     server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning", access_log=False))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+
+
+def overhead(records: list[dict[str, Any]], budget_per_question: int) -> float:
+    """Samples/s of one big /solve job through HTTP, zero-latency replay engine."""
+    server, thread, port = serve(ReplayEngine(records), Settings(default_concurrency=256))
     body = {
         "questions": [{"id": r["id"], "prompt": str(r["id"])} for r in records],
         "budget_per_question": budget_per_question,

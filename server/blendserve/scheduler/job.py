@@ -35,7 +35,7 @@ import asyncio
 import math
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from blendserve import metrics
 from blendserve.core.policies import AllocationPolicy, PolicySpec
@@ -53,13 +53,26 @@ from blendserve.scheduler.events import (
     Usage,
 )
 
-__all__ = ["Job", "JobSpec", "Keyer", "Question"]
+__all__ = ["Job", "JobSpec", "Keyer", "Question", "RequestSettings"]
 
 _BACKOFF_S = 0.05  # first wait before failed samples are sent again, doubled per failure
 _MAX_BACKOFF_S = 1.0
 
 #: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
 Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
+
+
+class RequestSettings(Protocol):
+    """What an engine request of a job or a pool takes from its spec."""
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def answer_kind(self) -> str: ...
+    @property
+    def request_timeout(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,19 @@ class Question:
     id: str
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
+
+    def request(self, n: int, first: int, settings: RequestSettings) -> GenerateRequest:
+        """The engine request for ``n`` samples, the first being this question's ``first``-th."""
+        return GenerateRequest(
+            prompt=self.prompt,
+            messages=self.messages,
+            n=n,
+            params=settings.sampling.from_sample(first),
+            model=settings.model,
+            question_id=self.id,
+            answer_kind=settings.answer_kind,
+            timeout=settings.request_timeout,
+        )
 
 
 @dataclass(frozen=True)
@@ -332,24 +358,11 @@ class Job:
             while size > 0:
                 n = min(size, limit)
                 size -= n
-                request = self._request(q, n, first)
+                request = self.spec.questions[q].request(n, first, self.spec)
                 first += n
                 task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
                 metrics.IN_FLIGHT_SAMPLES.inc(n)
-
-    def _request(self, q: int, n: int, first: int) -> GenerateRequest:
-        question = self.spec.questions[q]
-        return GenerateRequest(
-            prompt=question.prompt,
-            messages=question.messages,
-            n=n,
-            params=self.spec.sampling.from_sample(first),
-            model=self.spec.model,
-            question_id=question.id,
-            answer_kind=self.spec.answer_kind,
-            timeout=self.spec.request_timeout,
-        )
 
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
         state = self._states[q]

@@ -16,14 +16,13 @@ import asyncio
 import heapq
 import itertools
 import math
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from blendserve import metrics
 from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
-from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
 from blendserve.scheduler.job import Keyer, Question
@@ -201,26 +200,14 @@ class Pool:
             # The sample index each request starts at (seeded requests shift their seed).
             starts = itertools.accumulate(sizes[:-1], initial=state.votes.num_samples[0])
             pairs = zip(sizes, starts, strict=True)
-            requests = (self._generate(state.question, k, i) for k, i in pairs)
+            requests = (
+                self.engine.generate(state.question.request(k, i, self.spec)) for k, i in pairs
+            )
             results = await asyncio.gather(*requests)
             return [s for result in results for s in result]
         finally:
             metrics.IN_FLIGHT_SAMPLES.dec(wave)
             self._release(wave)
-
-    def _generate(self, question: Question, n: int, first: int) -> Awaitable[list[Sample]]:
-        return self.engine.generate(
-            GenerateRequest(
-                prompt=question.prompt,
-                messages=question.messages,
-                n=n,
-                params=self.spec.sampling.from_sample(first),
-                model=self.spec.model,
-                question_id=question.id,
-                answer_kind=self.spec.answer_kind,
-                timeout=self.spec.request_timeout,
-            )
-        )
 
     async def _acquire(self, wave: int, priority: float) -> None:
         need = wave
