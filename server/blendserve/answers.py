@@ -31,7 +31,6 @@ standard ``re`` search runs in the worker pool under a 1 s deadline instead.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import os
 import threading
@@ -113,26 +112,35 @@ class KeyOwner:
 class _Turns:
     """Gives the sympy workers to waiting calls, least-served owner first.
 
-    Served time is the wall time an owner's calls held a worker; ties go in
-    arrival order. An owner is forgotten when it is garbage collected.
+    An owner's service is the wall time its calls held a worker; of two owners
+    with equal service the one with fewer calls running goes first, then the
+    earlier arrival. An owner is forgotten when it is garbage collected.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._running = 0
-        self._waiting: list[tuple[float, int]] = []  # heap of (served, arrival)
+        self._waiting: list[tuple[KeyOwner, int]] = []  # (owner, arrival)
         self._arrivals = itertools.count()
         self._served: weakref.WeakKeyDictionary[KeyOwner, float] = weakref.WeakKeyDictionary()
+        self._calls: weakref.WeakKeyDictionary[KeyOwner, int] = weakref.WeakKeyDictionary()
+
+    def _rank(self, entry: tuple[KeyOwner, int]) -> tuple[float, int, int]:
+        owner, arrival = entry
+        return self._served.get(owner, 0.0), self._calls.get(owner, 0), arrival
 
     @contextmanager
     def turn(self, owner: KeyOwner, capacity: int) -> Iterator[None]:
         """Holds one of ``capacity`` workers for ``owner`` while the block runs."""
         with self._cond:
-            entry = (self._served.get(owner, 0.0), next(self._arrivals))
-            heapq.heappush(self._waiting, entry)
-            self._cond.wait_for(lambda: self._waiting[0] == entry and self._running < capacity)
-            heapq.heappop(self._waiting)
+            entry = (owner, next(self._arrivals))
+            self._waiting.append(entry)
+            self._cond.wait_for(
+                lambda: self._running < capacity and min(self._waiting, key=self._rank) is entry
+            )
+            self._waiting.remove(entry)
             self._running += 1
+            self._calls[owner] = self._calls.get(owner, 0) + 1
             self._cond.notify_all()
         start = time.monotonic()
         try:
@@ -140,6 +148,7 @@ class _Turns:
         finally:
             with self._cond:
                 self._running -= 1
+                self._calls[owner] -= 1
                 self._served[owner] = self._served.get(owner, 0.0) + time.monotonic() - start
                 self._cond.notify_all()
 
