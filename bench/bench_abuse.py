@@ -14,7 +14,9 @@ During each phase ``/health`` is probed four times a second (a new connection
 each time) and a fresh one-question ``/solve`` once a second. It prints the
 ``/health`` latency (p50, p99, max, failures), when the first fresh ``/solve``
 was admitted, how many hostile connections the server had closed by the end,
-and the server's descriptors and RSS. Exits 1 if ``/health`` ever took 1 s or
+and the queued-questions gauge at the end (a reader whose job has finished
+keeps its connection open for keep-alive, its unread reply in the socket
+buffers), and the server's descriptors and RSS. Exits 1 if ``/health`` ever took 1 s or
 more or failed, or if no fresh ``/solve`` was admitted in a phase.
 
 Usage: python bench/bench_abuse.py DATA.jsonl [--duration 40] [--slowloris 1000] [--readers 10]
@@ -47,6 +49,8 @@ class Probes:
     """What the probes saw during one phase."""
 
     health_ms: list[float] = field(default_factory=list)
+    #: (seconds into the phase, ms) of probes that took 500 ms or more
+    slow: list[tuple[float, float]] = field(default_factory=list)
     health_failures: int = 0
     #: why probes failed: exception name or status
     failure_kinds: set[str] = field(default_factory=set)
@@ -102,7 +106,9 @@ def _probe(url: str, ids: list[str], stop: threading.Event, probes: Probes) -> N
             ok = False
             probes.failure_kinds.add(type(exc).__name__)
         if ok:
-            probes.health_ms.append((time.monotonic() - begin) * 1000)
+            probes.health_ms.append(ms := (time.monotonic() - begin) * 1000)
+            if ms >= 500:
+                probes.slow.append((round(begin - started, 1), round(ms)))
         else:
             probes.health_failures += 1
         if time.monotonic() >= next_solve:
@@ -189,6 +195,12 @@ def _phase(
         thread.start()
     stop.wait(args.duration)
     during = _server(pid)
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    queued = next(
+        line.split()[1]
+        for line in metrics.splitlines()
+        if line.startswith("blendserve_queued_questions ")
+    )
     stop.set()
     for thread in threads:
         thread.join()
@@ -207,8 +219,9 @@ def _phase(
         f"{probes.health_failures} failed {sorted(probes.failure_kinds)}; "
         f"fresh /solve statuses {statuses}, first admitted at "
         f"{admitted[0] if admitted else 'never'} s; "
-        f"{closed}/{len(hostile)} closed by the server after {args.duration:g} s; "
-        f"server: {during}",
+        f"slow probes (s, ms) {probes.slow}; "
+        f"{closed}/{len(hostile)} closed by the server after {args.duration:g} s, "
+        f"questions still queued {queued}; server: {during}",
         flush=True,
     )
     return bool(ms) and ms[-1] < 1000 and probes.health_failures == 0 and bool(admitted)
