@@ -17,7 +17,7 @@ from pathlib import Path
 
 from blendserve.sim import load_jsonl, sample_efficiency
 
-METHODS = ["sc", "esc", "asc", "asc:cap=16", "ppr", "ppr:cap=16", "blend", "oracle"]
+METHODS = ["sc", "esc", "asc", "asc:cap=16", "ppr", "ppr:cap=16", "blend", "oracle", "online"]
 FILES = [
     "esc_lastletters_gpt35.jsonl",
     "faithfulcot_date_codex_ltm.jsonl",

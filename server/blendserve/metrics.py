@@ -104,6 +104,35 @@ REQUEST_DURATION = Histogram(
     buckets=[0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
 )
 
+# Online self-consistency (the /v1 default): one series per pool.
+ONLINE_TAU = Gauge(
+    f"{_PREFIX}_online_tau",
+    "Uncertainty threshold at which a pool's questions stop now.",
+    ["pool"],
+    multiprocess_mode="liveall",
+)
+ONLINE_MEAN_SAMPLES = Gauge(
+    f"{_PREFIX}_online_mean_samples_per_question",
+    "Running mean samples per finished question of a pool.",
+    ["pool"],
+    multiprocess_mode="liveall",
+)
+ONLINE_PACING_ERROR = Gauge(
+    f"{_PREFIX}_online_pacing_error",
+    "Running mean samples per question over the pool's budget, minus 1.",
+    ["pool"],
+    multiprocess_mode="liveall",
+)
+ONLINE_QUESTIONS = Counter(
+    f"{_PREFIX}_online_questions", "Questions a pool answered (paced ones).", ["pool"]
+)
+ONLINE_ROUNDS = Histogram(
+    f"{_PREFIX}_online_rounds_per_question",
+    "Waves of engine requests a question of a pool needed.",
+    ["pool"],
+    buckets=[1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
+)
+
 
 def exposition() -> bytes:
     """The text format of every metric, merged across workers in multiprocess mode."""

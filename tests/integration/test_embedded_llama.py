@@ -15,7 +15,7 @@ import httpx
 import pytest
 from blendserve.answers import extract
 from blendserve.engines import GenerateRequest, SamplingParams
-from blendserve.engines.embedded import EmbeddedLlamaServer, ensure_model
+from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer, ensure_model
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
@@ -129,6 +129,30 @@ def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
     assert result["status"] == "completed"
     assert result["budget"]["spent"] == 6 and result["usage"]["completion_tokens"] > 0
     assert all(a["samples"] >= 1 for a in result["answers"])
+
+
+def test_token_id_prompts_reach_llama_cpp_as_its_own_text(server: EmbeddedLlamaServer) -> None:
+    text = f"Question: {QUESTIONS[1][0]}\nAnswer:"
+    root = server.base_url.removesuffix("/v1")
+    response = httpx.post(f"{root}/extras/tokenize", json={"input": text}, timeout=30)
+    tokens = response.json()["tokens"]
+
+    async def scenario() -> tuple[str, list[str], bool]:
+        inner = OpenAIEngine([server.base_url], timeout=120)
+        engine = EmbeddedEngine(server, inner)  # the server stays the module's
+        try:
+            ask = GenerateRequest(
+                prompt=tokens, n=2, params=SamplingParams(max_tokens=40, temperature=0.7)
+            )
+            samples = await engine.generate(ask)
+            # Not the server's kind of prompt: the service answers it through generate().
+            forwarded = await engine.forward("/completions", {"prompt": [tokens]})
+            return await server.detokenize(tokens), [s.text for s in samples], forwarded is None
+        finally:
+            await inner.aclose()
+
+    detokenized, texts, not_forwarded = _run(scenario())
+    assert detokenized.strip() == text and len(texts) == 2 and all(texts) and not_forwarded
 
 
 def test_passthrough_streams_token_by_token(server: EmbeddedLlamaServer) -> None:

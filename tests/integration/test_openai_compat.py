@@ -59,7 +59,9 @@ def test_chat_content_is_a_sample_with_the_voted_answer(
     assert reply.object == "chat.completion" and len(reply.choices) == 1
     content = reply.choices[0].message.content
     assert content is not None and extract(content, "number") == vote["answer"]
-    assert vote["samples"] == 16 == sum(vote["votes"].values()) == engine.stats.samples
+    # Online stopping (the default): a contested question runs to its cap, 16 + 32.
+    assert vote["samples"] == sum(vote["votes"].values()) == engine.stats.samples
+    assert 16 <= vote["samples"] <= 48 and vote["settled_early"] == (vote["samples"] < 48)
     assert max(vote["votes"], key=vote["votes"].__getitem__) == vote["answer"]
     assert 0 <= vote["confidence"]["asc"] <= 0.5
     usage = reply.usage
@@ -140,7 +142,8 @@ def test_completions_take_a_list_of_prompts_as_one_batch(
     assert [extract(c.text, "number") for c in reply.choices] == ["42", "3"]
     assert [c.index for c in reply.choices] == [0, 1]
     assert [v["answer"] for v in votes] == ["42", "3"]
-    assert sum(v["samples"] for v in votes) == 16 == engine.stats.samples
+    assert sum(v["samples"] for v in votes) == engine.stats.samples
+    assert all(1 <= v["samples"] <= 40 and v["settled_early"] for v in votes)
 
 
 def test_sync_stream_of_completions(client: openai.OpenAI) -> None:
@@ -164,7 +167,7 @@ def test_bad_requests_get_openai_errors(client: openai.OpenAI) -> None:
         client.chat.completions.create(
             model="m", messages=_user("Three?"), extra_body={"blendserve": {"policy": "oracle"}}
         )
-    for caught, param in ((bad_n, "n"), (logprobs, None), (policy, "blendserve.policy")):
+    for caught, param in ((bad_n, "n"), (logprobs, "logprobs"), (policy, "blendserve.policy")):
         body = caught.value.body
         assert isinstance(body, dict) and body["type"] == "invalid_request_error"
         assert body["code"] == 422 and body.get("param") == param
@@ -183,8 +186,6 @@ def test_passthrough_on_an_engine_without_upstream_returns_plain_samples(
     )
     assert extract("".join(c.choices[0].text for c in chunks if c.choices), "number") == "3"
     assert engine.stats.samples == 4
-    with pytest.raises(openai.UnprocessableEntityError):  # tokens need a real upstream
-        client.completions.create(model="m", prompt=[1, 2, 3], extra_body=off)
     logprobs = client.chat.completions.create(
         model="m", messages=_user("Three?"), logprobs=True, extra_body=off
     )
@@ -246,7 +247,8 @@ def _dataset(size: int) -> list[dict[str, Any]]:
 def test_concurrent_requests_are_grouped_and_match_solve() -> None:
     records = _dataset(50)
     engine = ReplayEngine(records, seed=2)
-    with serve_engine(engine, group_wait_ms=400, default_concurrency=32) as live:
+    grouped = {"sc_mode": "grouped", "group_wait_ms": 400, "default_concurrency": 32}
+    with serve_engine(engine, **grouped) as live:
 
         async def ask_all() -> list[Any]:
             async with openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x") as client:
@@ -259,7 +261,7 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
                 )
 
         replies = asyncio.run(ask_all())
-        jobs = live.app.state.grouper.jobs_started
+        jobs = live.app.state.grouper.grouper.jobs_started
         questions = [{"id": r["id"], "prompt": r["prompt"]} for r in records]
         solved = httpx.post(
             f"{live.url}/solve",
@@ -279,12 +281,32 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
     assert sum(r.model_extra["blendserve"][0]["samples"] for r in replies) <= 50 * 6
 
 
-def test_an_upstream_that_refuses_every_sample_is_an_openai_error() -> None:
+def test_an_engine_that_refuses_every_sample_is_an_openai_bad_gateway() -> None:
     engine = ReplayEngine(RECORDS)
     with serve_engine(engine) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(model="m", messages=_user("not recorded"))
         client.close()
-    assert caught.value.status_code == 503
+    # The engine's protocol error keeps its type through the job: 502, not 503.
+    assert caught.value.status_code == 502
     assert "no recorded answers" in str(caught.value.body)
+
+
+def test_a_quality_target_stops_at_its_confidence_and_a_policy_asks_for_a_group(
+    client: openai.OpenAI, server: LiveServer
+) -> None:
+    target = {"blendserve": {"answer": "number", "confidence": 0.99}}
+    reply = client.chat.completions.create(model="m", messages=_user("Three?"), extra_body=target)
+    vote = reply.model_extra["blendserve"] if reply.model_extra else {}
+    # Unanimous: P[p1 < p2] = 2^-(n+1) <= 0.01 from 6 samples on.
+    assert vote["answer"] == "3" and vote["samples"] == 6 and vote["settled_early"]
+    assert vote["confidence"]["asc"] <= 0.01
+    grouped = {"blendserve": {"answer": "number", "policy": "sc", "budget_per_question": 5}}
+    reply = client.chat.completions.create(model="m", messages=_user("Three?"), extra_body=grouped)
+    vote = reply.model_extra["blendserve"] if reply.model_extra else {}
+    assert vote["samples"] == 5 and server.app.state.grouper.grouper.jobs_started == 1
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(
+            model="m", messages=_user("Three?"), extra_body={"blendserve": {"confidence": 1.5}}
+        )

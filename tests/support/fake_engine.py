@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import EngineUnavailable
 
 
@@ -73,3 +75,17 @@ async def last_word(text: str) -> tuple[str | None, str | None]:
     """A keyer for tests: the last word is the answer and its key."""
     word = text.rsplit(" ", 1)[-1]
     return (word, word) if word != "none" else (None, None)
+
+
+class SeedRecordingEngine(ReplayEngine):
+    """Replay engine that records each sample's seed (``seed + i`` for the i-th of a request)."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        super().__init__(records)
+        self.seeds: dict[str, list[int]] = {}
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        assert request.params.seed is not None and request.question_id is not None
+        seeds = self.seeds.setdefault(request.question_id, [])
+        seeds += [request.params.seed + i for i in range(request.n)]
+        return await super().generate(request)

@@ -49,7 +49,9 @@ class FakeState:
     completion requests with 500), ``drop`` (drop every completion request's
     connection after sending headers), ``record`` (keep request bodies),
     ``answers`` (when set, each text ends in ``"so the answer is {a}"`` with
-    ``a`` drawn from it). A request with ``stream`` is answered with OpenAI's
+    ``a`` drawn from it), ``tokenizer`` (serve vLLM's ``GET /tokenizer_info``,
+    ``POST /tokenize`` and ``POST /detokenize``, one token per character;
+    else they are 404s). A request with ``stream`` is answered with OpenAI's
     streamed chunks.
     Injected faults, drawn per completion request from a generator seeded with
     ``fault_seed``: ``error_rate`` (a 500), ``timeout_rate`` (no answer until
@@ -73,6 +75,7 @@ class FakeState:
     drop: bool = False
     record: bool = True
     answers: tuple[str, ...] = ()
+    tokenizer: bool = False
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     drop_rate: float = 0.0
@@ -264,6 +267,29 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
     async def models() -> dict[str, Any]:
         state.model_requests += 1
         return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+
+    def no_tokenizer() -> Response:
+        return JSONResponse({"detail": "Not Found"}, status_code=404)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> Response:
+        if not state.tokenizer:
+            return no_tokenizer()
+        info = {"eos_token": "</s>", "bos_token": None, "pad_token": None, "chat_template": None}
+        return JSONResponse(info)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        if not state.tokenizer:
+            return no_tokenizer()
+        tokens = [ord(c) for c in (await request.json())["prompt"]]
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        if not state.tokenizer:
+            return no_tokenizer()
+        return JSONResponse({"prompt": "".join(map(chr, (await request.json())["tokens"]))})
 
     @app.get("/metrics")
     async def metrics() -> Response:

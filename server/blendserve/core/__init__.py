@@ -11,6 +11,7 @@ from blendserve.core.policies import (
     PPRPolicy,
     SCPolicy,
 )
+from blendserve.core.stopping import PacedThreshold, StoppingRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 
@@ -22,8 +23,10 @@ __all__ = [
     "ESCPolicy",
     "OraclePolicy",
     "PPRPolicy",
+    "PacedThreshold",
     "PolicySpec",
     "SCPolicy",
+    "StoppingRule",
     "VoteState",
     "asc_log_uncertainty",
     "ppr_log_uncertainty",

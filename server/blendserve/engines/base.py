@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -37,6 +37,17 @@ class SamplingParams:
     seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def from_sample(self, index: int) -> SamplingParams:
+        """These params for a request whose first sample is a question's ``index``-th.
+
+        A seeded question's requests then carry ``seed + index``: engines give
+        the ``i``-th sample of a request ``seed + i``, so no two samples of the
+        question share a seed (and a seeded upstream repeats none of them).
+        """
+        if self.seed is None or index == 0:
+            return self
+        return replace(self, seed=self.seed + index)
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -46,7 +57,7 @@ class GenerateRequest:
     is set.
 
     Attributes:
-        prompt: plain-text prompt.
+        prompt: plain-text prompt, or the prompt's token ids (as vLLM takes them).
         messages: chat messages (``{"role": ..., "content": ...}``).
         n: samples wanted.
         params: sampling parameters.
@@ -57,7 +68,7 @@ class GenerateRequest:
         timeout: seconds for the whole call (None: the engine's default).
     """
 
-    prompt: str | None = None
+    prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
     n: int = 1
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -155,6 +166,15 @@ class Engine(ABC):
 
         For requests that turn self-consistency off. None: this engine has no
         OpenAI upstream (the service then answers from :meth:`generate`).
+        """
+        return None
+
+    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
+        """Calls vLLM's tokenizer endpoint ``path`` at the upstream's root, reply unchanged.
+
+        ``path`` is ``/tokenize``, ``/detokenize`` (``body`` POSTed) or
+        ``/tokenizer_info`` (``body`` None: a GET). None: this engine has no
+        upstream to ask.
         """
         return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import importlib.resources
 import importlib.util
@@ -22,7 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,24 @@ class EmbeddedLlamaServer:
                     )
                 await asyncio.sleep(0.2)
 
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` by the model's own tokenizer (the server takes text only).
+
+        Raises:
+            EngineUnavailable: the server did not answer with a text.
+        """
+        url = self.base_url.removesuffix("/v1") + "/extras/detokenize"
+        try:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                response = await client.post(url, json={"tokens": list(tokens)})
+            response.raise_for_status()
+            text = response.json()["text"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
+        if not isinstance(text, str):
+            raise EngineUnavailable("llama.cpp could not detokenize the prompt")
+        return text
+
     async def aclose(self) -> None:
         """Stops the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
         process, self._process = self._process, None
@@ -243,6 +262,9 @@ class EmbeddedLlamaServer:
             self._log = None
 
 
+_MAX_TEXTS = 1024  # detokenized prompts kept
+
+
 class EmbeddedEngine(Engine):
     """The OpenAI engine over an embedded llama.cpp server it owns."""
 
@@ -251,14 +273,40 @@ class EmbeddedEngine(Engine):
     def __init__(self, server: EmbeddedLlamaServer, inner: OpenAIEngine) -> None:
         self.server = server
         self.inner = inner
+        # token ids -> their text, for the prompts of the questions in flight
+        self._texts: dict[tuple[int, ...], str] = {}
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        """Samples from the local model (``n`` split into seeded requests)."""
+        """Samples from the local model (``n`` split into seeded requests).
+
+        llama.cpp's server takes text prompts only: token ids are turned back
+        into text with its own tokenizer first.
+        """
+        if request.prompt is not None and not isinstance(request.prompt, str):
+            tokens = tuple(request.prompt)
+            text = self._texts.get(tokens)
+            if text is None:
+                text = await self.server.detokenize(tokens)
+                if len(self._texts) >= _MAX_TEXTS:
+                    del self._texts[next(iter(self._texts))]  # the oldest
+                self._texts[tokens] = text
+            request = dataclasses.replace(request, prompt=text)
         return await self.inner.generate(request)
 
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
-        """Forwards to the local llama.cpp server."""
+        """Forwards to the local llama.cpp server.
+
+        A completion whose prompt is not one string (token ids, several
+        prompts) is none of llama.cpp's server's: None, so that the service
+        answers it through :meth:`generate`.
+        """
+        if path == "/completions" and not isinstance(body.get("prompt"), str):
+            return None
         return await self.inner.forward(path, body)
+
+    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
+        """Asks the local server (which has no vLLM tokenizer endpoints: a 404)."""
+        return await self.inner.tokenizer(path, body)
 
     async def health(self) -> EngineHealth:
         """Healthy while the subprocess lives and the upstream is healthy."""

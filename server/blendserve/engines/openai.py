@@ -83,7 +83,8 @@ _CHAT = "/chat/completions"
 _COMPLETIONS = "/completions"
 _MAX_BACKOFF = 10.0
 _MAX_RETRY_AFTER = 30.0
-_SIDE_TIMEOUT = 5.0  # GET /models, from models() and from probes
+_TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, at the root
+_SIDE_TIMEOUT = 5.0  # GET /models (models(), probes) and tokenizer endpoints
 _SHARD_CONNECTIONS = 2  # measured: 1-4 alike, 8 costs 1.4x CPU, 16 costs 3x
 _SEED_SPACE = 2**31 - 1
 # The engine sets these itself: an override would break sample accounting.
@@ -510,6 +511,28 @@ class OpenAIEngine(Engine):
             self._pool.done(replica.url, shard)
             self._replicas.release(replica)
 
+    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply:
+        """vLLM's tokenizer endpoint ``path`` at a healthy replica's root, its reply as is.
+
+        Raises:
+            EngineUnavailable: no replica could be reached.
+            RequestValidationError: ``path`` is not a tokenizer endpoint.
+        """
+        if path not in _TOKENIZER_PATHS:
+            raise RequestValidationError(f"cannot forward {path!r}", param="path")
+        replica = self._replicas.pick(None)
+        if replica is None or self._closed:
+            raise EngineUnavailable("no upstream can take the request")
+        url = replica.url.removesuffix("/v1") + path
+        content = None if body is None else _encode(dict(body))
+        try:
+            raw = await self._pool.side(replica.url, url, content, _SIDE_TIMEOUT)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{url}: {exc}") from exc
+        return UpstreamReply(
+            raw.status_code, raw.headers.get("content-type", "application/json"), _once(raw.content)
+        )
+
     # -- health ------------------------------------------------------------------
 
     def _failed(self, replica: Replica) -> None:
@@ -697,9 +720,16 @@ class _Pool:
 
     async def get(self, base: str, path: str, timeout: float) -> httpx.Response:
         """GETs with ``timeout`` on every phase; the response is read in full."""
+        return await self.side(base, base + path, None, timeout)
+
+    async def side(self, base: str, url: str, body: bytes | None, timeout: float) -> httpx.Response:
+        """A GET (``body`` None) or JSON POST to any ``url`` of replica ``base``, read in full."""
         extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
+        method, headers = (
+            ("GET", self._get_headers[base]) if body is None else ("POST", self._post_headers[base])
+        )
         request = httpx.Request(
-            "GET", self._url(base + path), headers=self._get_headers[base], extensions=extensions
+            method, self._url(url), content=body, headers=headers, extensions=extensions
         )
         return await self._send(base, request)
 
@@ -890,6 +920,10 @@ async def _collect_events(lines: AsyncIterator[str]) -> dict[str, Any]:
         choices.append({"index": index, "finish_reason": finish.get(index), **body})
     # An upstream without stream usage: a content chunk is about one token.
     return {"choices": choices, "usage": usage or {"completion_tokens": num_chunks}}
+
+
+async def _once(content: bytes) -> AsyncIterator[bytes]:
+    yield content
 
 
 def _encode(payload: dict[str, Any]) -> bytes:

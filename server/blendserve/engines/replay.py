@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +35,15 @@ class LatencyModel:
     Attributes:
         fixed: seconds per request.
         per_token: seconds per completion token (sequences of a request run together).
+        exponential_mean: mean seconds of a random delay added to each request,
+            drawn from an exponential distribution (seeded; 0: none).
         max_concurrent_sequences: sequences served at once, like a GPU batch
             (None: unlimited); a request for n samples holds n of them.
     """
 
     fixed: float = 0.0
     per_token: float = 0.0
+    exponential_mean: float = 0.0
     max_concurrent_sequences: int | None = None
 
 
@@ -110,12 +114,18 @@ def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     return records
 
 
+def _prompt_key(prompt: str | Sequence[int]) -> str:
+    """A text prompt as is; token ids as their JSON list (``[1, 2, 3]``)."""
+    return prompt if isinstance(prompt, str) else json.dumps(list(prompt))
+
+
 class ReplayEngine(Engine):
     """Serves recorded answers by question id, else by exact prompt.
 
     Args:
         data: a JSONL file (``{"id", "answers": [...]}`` per line, optional
-            ``prompt``/``question``) or the records themselves.
+            ``prompt``/``question``, a prompt given as a string or as token
+            ids) or the records themselves.
         seed: seeds the answer draws (a request's own ``seed`` overrides it).
         latency: the latency and capacity model (zero latency by default).
         faults: injected fault rates.
@@ -145,8 +155,11 @@ class ReplayEngine(Engine):
             values = [None if a is None else str(a) for a in answers]
             self._answers[str(record.get("id", i))] = values
             for field in ("prompt", "question"):
-                if isinstance(record.get(field), str):
-                    self._answers.setdefault(record[field], values)
+                prompt = record.get(field)
+                if isinstance(prompt, str) or (
+                    isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+                ):
+                    self._answers.setdefault(_prompt_key(prompt), values)
         self.latency = latency or LatencyModel()
         self.faults = faults or FaultConfig()
         self.model_name = model_name
@@ -154,24 +167,26 @@ class ReplayEngine(Engine):
         metrics.UPSTREAM_HEALTHY.labels(self.name).set(1)
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
+        self._delay_rng = random.Random(seed + 2)
         self._free = self.latency.max_concurrent_sequences
-        self._freed = asyncio.Condition()
+        # requests waiting for sequences, first come first served: (sequences, wake-up)
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     def _lookup(self, request: GenerateRequest) -> list[str | None]:
-        keys = [request.question_id, request.prompt]
+        keys = [request.question_id]
+        if request.prompt is not None:
+            keys.append(_prompt_key(request.prompt))
         if request.messages:
             keys.append(str(request.messages[-1].get("content")))
         for key in keys:
             if key is not None and key in self._answers:
                 return self._answers[key]
-        raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[1]!r}")
+        raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[-1]!r}")
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Draws ``request.n`` recorded answers and renders them, after the modelled delay."""
         recorded = self._lookup(request)
-        seed = request.params.seed
-        rng = self._rng if seed is None else random.Random(seed)
-        drawn = [rng.choice(recorded) for _ in range(request.n)]
+        drawn = self._draw(request, recorded)
         self.stats.requests += 1
         self.stats.in_flight += 1
         metrics.UPSTREAM_SAMPLES.labels(self.name, "dispatched").inc(request.n)
@@ -182,10 +197,13 @@ class ReplayEngine(Engine):
             texts = [render(a, request.answer_kind) for a in drawn]
             tokens = [len(text.split()) for text, _ in texts]
             delay = self.latency.fixed + self.latency.per_token * max(tokens)
+            if self.latency.exponential_mean > 0:
+                delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
             if self._fault_rng.random() < self.faults.slow_rate:
                 delay *= self.faults.slow_factor
             await self._run(request.n, delay)
-            prompt_tokens = len((request.prompt or str(request.messages)).split())
+            text = request.prompt if request.prompt is not None else str(request.messages)
+            prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
             self.stats.samples += request.n
             outcome = "completed"
             metrics.UPSTREAM_LATENCY.labels(self.name).observe(time.monotonic() - started)
@@ -199,6 +217,12 @@ class ReplayEngine(Engine):
         finally:
             self.stats.in_flight -= 1
             metrics.UPSTREAM_SAMPLES.labels(self.name, outcome).inc(request.n)
+
+    def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
+        """The ``request.n`` recorded answers to serve, drawn with replacement."""
+        seed = request.params.seed
+        rng = self._rng if seed is None else random.Random(seed)
+        return [rng.choice(recorded) for _ in range(request.n)]
 
     async def _fault(self, request: GenerateRequest) -> None:
         roll = self._fault_rng.random()
@@ -219,11 +243,23 @@ class ReplayEngine(Engine):
             raise EngineTimeout(f"replay: injected timeout after {request.timeout} s")
 
     async def _run(self, n: int, delay: float) -> None:
-        # A request's n sequences start together (all-or-nothing, so no deadlock).
+        # A request's n sequences start together (all-or-nothing, so no deadlock),
+        # in arrival order, like an engine's waiting queue.
+        need = min(n, self.latency.max_concurrent_sequences or n)
         if self._free is not None:
-            need = min(n, self.latency.max_concurrent_sequences or n)
-            async with self._freed:
-                await self._freed.wait_for(lambda: self._free is not None and self._free >= need)
+            if self._waiting or self._free < need:
+                wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiting.append((need, wake))
+                try:
+                    await wake
+                except asyncio.CancelledError:
+                    if wake.done() and not wake.cancelled():
+                        self._release(need)  # granted just as it was cancelled
+                    else:
+                        self._waiting.remove((need, wake))
+                        self._release(0)  # the next in line may fit now
+                    raise
+            else:
                 self._free -= need
         stats = self.stats
         stats.sequences_in_flight += n
@@ -235,9 +271,16 @@ class ReplayEngine(Engine):
         finally:
             stats.sequences_in_flight -= n
             if self._free is not None:
-                async with self._freed:
-                    self._free += need
-                    self._freed.notify_all()
+                self._release(need)
+
+    def _release(self, sequences: int) -> None:
+        """Frees ``sequences`` and starts waiting requests, in order, while they fit."""
+        assert self._free is not None
+        self._free += sequences
+        while self._waiting and self._waiting[0][0] <= self._free:
+            need, wake = self._waiting.popleft()
+            self._free -= need
+            wake.set_result(None)
 
     async def health(self) -> EngineHealth:
         """Always healthy (faults are per request)."""

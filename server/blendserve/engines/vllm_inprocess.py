@@ -50,9 +50,11 @@ class VLLMEngine(Engine):
         self._engine = async_llm.from_engine_args(engine_args_cls(**engine_args))
         self._tokenizer: Any = None
 
-    async def _prompt(self, request: GenerateRequest) -> str:
-        if request.prompt is not None:
+    async def _prompt(self, request: GenerateRequest) -> str | dict[str, list[int]]:
+        if isinstance(request.prompt, str):
             return request.prompt
+        if request.prompt is not None:  # token ids: vLLM's TokensPrompt
+            return {"prompt_token_ids": list(request.prompt)}
         if self._tokenizer is None:
             self._tokenizer = await self._engine.get_tokenizer()
         kwargs = dict(request.params.extra.get("chat_template_kwargs", {}))

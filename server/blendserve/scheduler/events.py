@@ -72,6 +72,10 @@ class AnswerEvent:
         candidates: every voted key, the winner first, then by votes,
             -> (its answer, one completion with it).
         abstained: the last completion that had no answer (shown when none had one).
+        finish_reasons: every voted key -> the finish reason of its completion
+            in ``candidates``.
+        abstained_finish_reason: the finish reason of ``abstained`` (``length``:
+            cut at ``max_tokens``).
     """
 
     index: int
@@ -87,6 +91,8 @@ class AnswerEvent:
     partial: bool = False
     candidates: dict[str, tuple[str, str]] = field(default_factory=dict)
     abstained: str | None = None
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    abstained_finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,8 @@ class DoneEvent:
     error: str | None = None
     answered: int = 0
     settled: int = 0
+    #: The engine error that failed the job (its type says which status a client gets).
+    cause: BaseException | None = None
 
     @property
     def unspent(self) -> int:

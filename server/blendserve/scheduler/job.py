@@ -1,8 +1,24 @@
 """One Blend-ASC job: questions and a budget in, one voted answer per question out.
 
-The job keeps ``concurrency`` samples in flight while budget and unsettled
-questions remain, feeds every completion to the same policy object the
-simulator uses, and emits each question's answer as soon as it is final.
+The job feeds every completion to the same policy object the simulator uses
+and emits each question's answer as soon as it is final. Samples in flight
+are decided blind to their results, so the job keeps the policy's choices
+close to its sequential ones (DESIGN.md, "Batched selection"):
+
+- every question gets its first sample before any gets a second;
+- free slots are filled one decision at a time, and a pending sample counts
+  in the ranking as a vote for its question's leader (virtual votes): a
+  question takes another sample in flight only if it still ranks first;
+  one chosen k times in a row goes out as one request with ``n = k``;
+- at most ``in_flight_per_question`` samples per open question are in
+  flight (0.5: about two rounds per sample per question), and never more
+  than ``concurrency``; a lone open question with no stopping rule has
+  nothing left to decide and takes ``concurrency``.
+
+On recorded data this keeps jobs of 16 questions and more at 86-117% of the
+sequential policy's sample efficiency at concurrency 8 to 256, where filling
+every free slot at once fell to about uniform allocation
+(``bench/bench_e2e_efficiency.py``).
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
@@ -51,7 +67,7 @@ class Question:
     """One question: a plain prompt or chat messages."""
 
     id: str
-    prompt: str | None = None
+    prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
 
 
@@ -67,7 +83,10 @@ class JobSpec:
         model: upstream model name.
         answer_kind: answer format passed to the engine (a replay hint).
         settle_delta: PPR-1v1 error at which a question stops (0: never).
-        concurrency: samples kept in flight.
+        concurrency: most samples in flight.
+        in_flight_per_question: samples in flight per open question, at most
+            (the latency trade-off: more is fewer rounds, fewer is decisions
+            closer to the sequential policy's; see :class:`Job`).
         max_samples_per_request: largest ``n`` of one engine request.
         seed: seeds the policy's tie-break.
         request_timeout: seconds per engine request (None: the engine's default).
@@ -86,6 +105,7 @@ class JobSpec:
     answer_kind: str = "auto"
     settle_delta: float = 0.0
     concurrency: int = 64
+    in_flight_per_question: float = 0.5
     max_samples_per_request: int = 16
     seed: int = 0
     request_timeout: float | None = None
@@ -96,12 +116,14 @@ class JobSpec:
 
 @dataclass
 class _QuestionState:
-    # canonical key -> first extracted answer and completion text with that key
+    # canonical key -> first extracted answer, completion text and finish reason with that key
     answers: dict[str, str] = field(default_factory=dict)
     completions: dict[str, str] = field(default_factory=dict)
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     answered: bool = False
     abstained: str | None = None  # the last completion with no answer
+    abstained_finish_reason: str | None = None
 
 
 class Job:
@@ -121,21 +143,24 @@ class Job:
             raise ValueError("a job needs at least one question")
         if spec.concurrency < 1 or spec.max_samples_per_request < 1:
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        if not spec.in_flight_per_question > 0:
+            raise ValueError(
+                f"in_flight_per_question must be positive, got {spec.in_flight_per_question}"
+            )
         if not spec.failure_timeout >= 0:
             raise ValueError(f"failure_timeout must be >= 0, got {spec.failure_timeout}")
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
         self.status = JobStatus.PENDING
-        # With more slots than questions, a question may have a few samples in
-        # flight, else every question would be held back to one and sampled in lockstep.
-        max_in_flight = max(1, math.ceil(2 * spec.concurrency / len(spec.questions)))
+        # Any question may take several samples at once if the ranking, virtual
+        # votes included, still puts it first; _in_flight_limit bounds the job.
         self.policy: AllocationPolicy = spec.policy.build(
             len(spec.questions),
             spec.budget,
             seed=spec.seed,
             settle_delta=spec.settle_delta,
-            max_in_flight=max_in_flight,
+            max_in_flight=spec.budget,
         )
         self._states = [_QuestionState() for _ in spec.questions]
         self._usage = Usage()
@@ -182,6 +207,7 @@ class Job:
         resume_at = -math.inf  # no dispatch before this (backoff after a failure)
         swept = False  # every question checked once the budget ran out
         error: str | None = None
+        cause: BaseException | None = None
         try:
             while True:
                 backoff = resume_at - loop.time() if error is None else 0.0
@@ -229,6 +255,7 @@ class Job:
                                 f"engine failed {failures} times in a row"
                                 f" over {lasted:.1f} s: {exc}"
                             )
+                            cause = exc
                             for other in in_flight:  # refunded below, never counted
                                 other.cancel()
                     if error is None:
@@ -263,6 +290,7 @@ class Job:
                 usage=self._usage,
                 duration_s=loop.time() - started,
                 error=error,
+                cause=cause,
                 answered=self._num_answered,
                 settled=sum(map(self.policy.is_settled, range(len(self._states)))),
             )
@@ -281,38 +309,42 @@ class Job:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
-        """Fills the free slots: best questions first, extra samples if slots remain."""
-        free = self.spec.concurrency - self.policy.num_pending
-        # At most half the open questions per round (the better half); the spare
-        # slots go to them as extra samples, so few questions do not mean lockstep.
-        chosen = self.policy.select(min(free, math.ceil(self.policy.num_open / 2)))
-        sizes = dict.fromkeys(chosen, 1)
-        spare = free - len(chosen)
-        # Fewer selectable questions than free slots: a question takes several samples.
-        while spare > 0 and chosen:
-            grown = False
-            for q in chosen:
-                if spare == 0:
-                    break
-                if sizes[q] < self.spec.max_samples_per_request and self.policy.extend(q, 1):
-                    sizes[q] += 1
-                    spare -= 1
-                    grown = True
-            if not grown:
-                break
-        for q in chosen:
-            task = asyncio.ensure_future(self.engine.generate(self._request(q, sizes[q])))
-            in_flight[task] = (q, sizes[q])
-            metrics.IN_FLIGHT_SAMPLES.inc(sizes[q])
+    def _in_flight_limit(self) -> int:
+        """Samples the job may have in flight now (see the class docstring)."""
+        policy = self.policy
+        if policy.num_open == 1 and not policy.stops_early:
+            return self.spec.concurrency  # nothing left to decide
+        informed = math.ceil(self.spec.in_flight_per_question * policy.num_open)
+        return max(1, min(self.spec.concurrency, informed))
 
-    def _request(self, q: int, n: int) -> GenerateRequest:
+    def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
+        """Fills the free slots one decision at a time; a question chosen k times gets ``n=k``."""
+        policy = self.policy
+        sizes: dict[int, int] = {}
+        for _ in range(self._in_flight_limit() - policy.num_pending):
+            chosen = policy.select(1)
+            if not chosen:
+                break
+            sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
+        limit = self.spec.max_samples_per_request
+        for q, size in sizes.items():
+            first = policy.num_assigned[q] - size  # the index of this dispatch's first sample
+            while size > 0:
+                n = min(size, limit)
+                size -= n
+                request = self._request(q, n, first)
+                first += n
+                task = asyncio.ensure_future(self.engine.generate(request))
+                in_flight[task] = (q, n)
+                metrics.IN_FLIGHT_SAMPLES.inc(n)
+
+    def _request(self, q: int, n: int, first: int) -> GenerateRequest:
         question = self.spec.questions[q]
         return GenerateRequest(
             prompt=question.prompt,
             messages=question.messages,
             n=n,
-            params=self.spec.sampling,
+            params=self.spec.sampling.from_sample(first),
             model=self.spec.model,
             question_id=question.id,
             answer_kind=self.spec.answer_kind,
@@ -327,9 +359,11 @@ class Job:
             answer, key = (None, None) if truncated else await self.keyer(sample.text)
             if key is None:
                 state.abstained = sample.text
+                state.abstained_finish_reason = sample.finish_reason
             elif key not in state.answers:
                 state.answers[key] = answer if answer is not None else key
                 state.completions[key] = sample.text
+                state.finish_reasons[key] = sample.finish_reason
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
@@ -391,6 +425,8 @@ class Job:
                 for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
             },
             abstained=state.abstained,
+            finish_reasons={str(k): state.finish_reasons[str(k)] for k in counts},
+            abstained_finish_reason=state.abstained_finish_reason,
         )
 
     def _progress(self) -> ProgressEvent:

@@ -16,7 +16,9 @@ from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
 from blendserve.service.observability import RequestMetrics
 from blendserve.service.observability import router as metrics_router
 from blendserve.service.openai.grouping import Grouper
+from blendserve.service.openai.online import DropIn, OnlinePools
 from blendserve.service.openai.routes import router as openai_router
+from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
@@ -58,7 +60,7 @@ def create_app(
             settings.max_prompt_bytes,
         )
         app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
-        app.state.grouper = grouper = Grouper(
+        grouper = Grouper(
             engine,
             make_keyer,
             wait=settings.group_wait_ms / 1000,
@@ -68,12 +70,21 @@ def create_app(
             failure_timeout=settings.job_failure_timeout,
             jobs=app.state.running,
         )
+        pools = OnlinePools(
+            engine,
+            make_keyer,
+            concurrency=settings.default_concurrency,
+            request_timeout=settings.upstream_timeout,
+            score=settings.sc_score,
+            cap=settings.sc_cap,
+        )
+        app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
         try:
             yield
         finally:
-            await grouper.aclose()
+            await dropin.aclose()
             await engine.aclose()
             await asyncio.gather(warming, return_exceptions=True)
 
@@ -83,6 +94,7 @@ def create_app(
     app.include_router(system_router)
     app.include_router(solve_router)
     app.include_router(openai_router)
+    app.include_router(tokenizer_router)
     app.include_router(metrics_router)
     # The last added runs first: count every request, then check its key, then its size.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -19,6 +19,7 @@ __all__ = ["add_parser", "run"]
 _FLAGS = (
     "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
     "log_level", "group_wait_ms", "group_max", "sc_budget_per_question", "sc_policy",
+    "sc_greedy_temperature",
     "api_key_file", "metrics_auth", "replay_latency_s", "shutdown_grace_s",
 )  # fmt: skip
 
@@ -49,6 +50,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--sc-budget-per-question", type=float, help="/v1 samples per question (default 8)"
     )
     parser.add_argument("--sc-policy", help="/v1 allocation policy (default blend)")
+    parser.add_argument(
+        "--sc-greedy-temperature",
+        type=float,
+        help="/v1 requests with temperature 0 are sampled at this with their whole budget "
+        "(default: unset, such a request gets one greedy sample)",
+    )
     parser.add_argument(
         "--api-key-file",
         type=Path,

@@ -64,6 +64,7 @@ class ErrorResponse(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "the body cannot be read (not UTF-8)",
     401: "missing or invalid API key",
+    404: "no such endpoint (here, or on the upstream)",
     413: "request body too large",
     422: "invalid request (the field at fault in error.param)",
     429: "too much work running: retry after Retry-After seconds",
@@ -99,7 +100,11 @@ async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FastAPIValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    if first.get("type") == "json_invalid":  # its loc is a character position, not a field
+    ctx = first.get("ctx")
+    named = ctx.get("param") if isinstance(ctx, dict) else None  # a validator named the field
+    if isinstance(named, str):
+        param: str | None = named
+    elif first.get("type") == "json_invalid":  # its loc is a character position, not a field
         param = None
     else:
         param = ".".join(str(part) for part in first["loc"] if part != "body") or None

@@ -13,8 +13,8 @@ from blendserve.errors import RequestValidationError, ServiceOverloaded
 
 __all__ = ["Admission", "BodySizeLimit", "HeldStreamingResponse", "JobLimits", "Prompt", "Slot"]
 
-#: A question's prompt or chat messages.
-Prompt = str | Sequence[Mapping[str, Any]]
+#: A question's prompt (text or token ids) or chat messages.
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 
 
 class JobLimits:

@@ -45,11 +45,22 @@ class Settings(BaseSettings):
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
     vllm_model: str | None = None
     default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
+    default_in_flight_per_question: float = Field(
+        0.5, gt=0, description="samples in flight per open question of a job"
+    )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")
     sc_policy: str = "blend"
     sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
     sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    sc_greedy_temperature: float | None = Field(
+        None, gt=0, le=2, description="sample temperature-0 requests at this (unset: one sample)"
+    )
+    sc_mode: Literal["online", "grouped"] = Field(
+        "online", description="online: per-question stopping paced to the budget; grouped: jobs"
+    )
+    sc_score: Literal["asc", "ppr"] = Field("asc", description="uncertainty online stopping uses")
+    sc_cap: float = Field(8.0, ge=1, description="online cap, a multiple of the budget")
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"

@@ -1,5 +1,6 @@
 """The simulator: policies from the core, run on recorded or synthetic answer distributions."""
 
+from blendserve.sim.clock import VirtualClockLoop, run_virtual
 from blendserve.sim.data import DataError, Dataset, load_jsonl
 from blendserve.sim.efficiency import Curve, MethodResult, TargetResult, sample_efficiency
 from blendserve.sim.runner import AnswerDraws, run_policy
@@ -12,8 +13,10 @@ __all__ = [
     "Dataset",
     "MethodResult",
     "TargetResult",
+    "VirtualClockLoop",
     "load_jsonl",
     "run_policy",
+    "run_virtual",
     "sample_efficiency",
     "synthetic",
 ]

@@ -7,7 +7,9 @@ improvement ratio ``x / samples``.
 
 SC, ESC, ASC, PPR-1v1 and the oracle choose independently of the budget, so
 one run per repetition gives their whole error curve. Blend-ASC's choices
-depend on ``t / T``, so it is run at each budget its search needs.
+depend on ``t / T``, and the online method paces its threshold to a mean
+budget, so both are run at each budget their search needs (the online method
+is charged the mean samples it actually spent there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from numpy.typing import NDArray
 
 from blendserve.core.policies import PolicySpec
 from blendserve.sim.data import Dataset
+from blendserve.sim.online import OnlineSpec, run_online
 from blendserve.sim.runner import run_policy, run_sc
 
 __all__ = ["Curve", "MethodResult", "TargetResult", "sample_efficiency", "sc_scaling_exponent"]
@@ -49,6 +52,17 @@ def _run_in_worker(args: tuple[str, int, int, int]) -> NDArray[np.int32]:
     if label == "sc":
         return run_sc(_dataset, budget // _dataset.num_questions, seed)
     return run_policy(_dataset, PolicySpec.parse(label), budget, seed, batch)
+
+
+def _online_in_worker(args: tuple[str, int, int, int]) -> tuple[int, int]:
+    label, budget, seed, _ = args
+    assert _dataset is not None
+    run = run_online(_dataset, OnlineSpec.parse(label), budget / _dataset.num_questions, seed)
+    return run.num_wrong, int(run.samples.sum())
+
+
+def _is_online(label: str) -> bool:
+    return label.split(":")[0] == "online"
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,8 @@ class _Runner:
         self.batch = batch
         self._map = map_fn
         self._final_errors: dict[tuple[str, int], float] = {}
+        # (label, budget) -> mean samples per question actually spent (online method)
+        self.spent: dict[tuple[str, int], float] = {}
 
     def runs(self, label: str, budget: int) -> list[NDArray[np.int32]]:
         tasks = [(label, budget, s, self.batch) for s in self.seeds]
@@ -118,6 +134,12 @@ class _Runner:
     def final_error(self, label: str, budget: int) -> float:
         """Mean reducible error at the end of runs with this budget (memoised)."""
         key = (label, budget)
+        if key not in self._final_errors and _is_online(label):
+            tasks = [(label, budget, s, self.batch) for s in self.seeds]
+            results = list(self._map(_online_in_worker, tasks))  # type: ignore[arg-type]
+            n = self.dataset.num_questions * len(results)
+            self._final_errors[key] = sum(wrong for wrong, _ in results) / n
+            self.spent[key] = sum(spent for _, spent in results) / n
         if key not in self._final_errors:
             runs = self.runs(label, budget)
             wrong = sum(int(r[-1]) for r in runs) / len(runs)
@@ -200,7 +222,10 @@ def sample_efficiency(
         raise ValueError("targets must be at least one sample per question")
     if reps < 1 or batch < 1:
         raise ValueError("reps and batch must be at least 1")
-    specs = {label: PolicySpec.parse(label) for label in methods}
+    online = {label for label in methods if _is_online(label)}
+    for label in online:
+        OnlineSpec.parse(label)  # reject a bad spec before any run
+    specs = {label: PolicySpec.parse(label) for label in methods if label not in online}
     n = dataset.num_questions
     top = max(targets)
     results = []
@@ -218,13 +243,19 @@ def sample_efficiency(
             bar = float(sc.errors[x - 1])
             row = TargetResult(x, bar)
             guesses = [s for c in fixed.values() if (s := _first_crossing(c, bar, x)) is not None]
-            for label, spec in specs.items():
-                if spec.name == "blend":
+            for label in methods:
+                name = "online" if label in online else specs[label].name
+                if name in ("online", "blend"):
                     error_at = functools.partial(runner.final_error, label)
                     guess = min(guesses, default=x / 2)
                     found = _search_budget(error_at, bar, n, x * n, guess)
-                    samples = None if found is None else found / n
-                elif spec.name == "sc" and not spec.options:
+                    if found is None:
+                        samples = None
+                    elif name == "online":  # paced: charged what it spent
+                        samples = runner.spent[(label, found)]
+                    else:
+                        samples = found / n
+                elif name == "sc" and not specs[label].options:
                     samples = float(x)  # the bar itself
                 else:
                     samples = _first_crossing(fixed[label], bar, x)

@@ -1,7 +1,8 @@
+import math
 import random
 
 import pytest
-from blendserve.core import POLICIES, ESCPolicy, OraclePolicy, PolicySpec, SCPolicy
+from blendserve.core import POLICIES, ASCPolicy, ESCPolicy, OraclePolicy, PolicySpec, SCPolicy
 from blendserve.core.policies import AllocationPolicy
 
 
@@ -130,31 +131,48 @@ def test_policy_spec_rejects(text: str, message: str) -> None:
         PolicySpec.parse(text)
 
 
+def test_an_option_in_the_policy_string_wins_over_the_callers_default() -> None:
+    policy = PolicySpec.parse("blend:settle_delta=0.3").build(4, 8, settle_delta=0.0)
+    assert policy.settle_log_delta == pytest.approx(math.log(0.3))
+    assert PolicySpec.parse("blend").build(4, 8, settle_delta=0.2).settle_log_delta == (
+        pytest.approx(math.log(0.2))
+    )
+
+
 @pytest.mark.parametrize("text", ["asc:cap=nan", "blend:cap=1", "blend:settle_delta=nan"])
 def test_policy_options_are_checked_when_built(text: str) -> None:
     with pytest.raises(ValueError, match=r"cap|settle_delta"):
         PolicySpec.parse(text).build(4, 8)
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_extend_adds_samples_to_a_question_in_flight(name: str) -> None:
-    policy = _build(name, 2, 7)
+def test_pending_samples_rank_as_votes_for_the_leader() -> None:
+    policy = ASCPolicy(2, 20, max_in_flight=20)
+    assert policy.select(2) == [0, 1]
+    policy.observe(0, "a")
+    policy.observe(1, "a")
     assert sorted(policy.select(2)) == [0, 1]
-    assert policy.extend(0, 3) == 3
-    assert policy.extend(1, 9) == 2  # the budget runs out
-    assert policy.num_dispatched == 7 and policy.num_pending_of == [4, 3]
-    for _ in range(3):
-        policy.observe(0, "a")
-    assert policy.select(1) == []  # q0 still has a sample in flight
+    policy.observe(0, "b")  # q0 is split 1:1, q1 agrees 2:0
+    policy.observe(1, "a")
+    assert policy.rank_state(0) == (1, 1, 2)
+    # P[p1 < p2] of q0 with k pending votes for its leader, (1 + k, 1): 0.31, 0.19,
+    # 0.11; q1's (2, 0) is 0.125. q0 takes three samples in flight before q1 ranks first.
+    picks = [policy.select(1)[0] for _ in range(4)]
+    assert picks == [0, 0, 0, 1]
+    assert policy.rank_state(0) == (4, 1, 2)
+    policy.observe(0, None)  # an abstention drops one virtual vote
+    assert policy.rank_state(0) == (3, 1, 2)
     policy.cancel(0)
-    assert policy.num_remaining == 1
-    assert policy.select(2) == [0]
+    assert policy.rank_state(0) == (2, 1, 2)
 
 
-def test_extend_needs_a_sample_in_flight() -> None:
-    policy = SCPolicy(2, 4)
-    with pytest.raises(ValueError, match="no sample in flight"):
-        policy.extend(0, 1)
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_question_is_sampled_before_any_is_sampled_twice(name: str) -> None:
+    kwargs = {"margins": [0.1] * 5} if name == "oracle" else {}
+    policy = POLICIES[name](5, 40, max_in_flight=40, **kwargs)
+    picks = [policy.select(1)[0] for _ in range(5)]
+    assert sorted(picks) == list(range(5))
+    policy.cancel(3)  # a failed first sample: q3 goes first again
+    assert policy.select(1) == [3]
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

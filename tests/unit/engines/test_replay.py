@@ -10,6 +10,7 @@ from blendserve.answers import extract
 from blendserve.engines import GenerateRequest, SamplingParams
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, render
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+from blendserve.sim import run_virtual
 
 T = TypeVar("T")
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
@@ -137,3 +138,28 @@ def test_bad_data(tmp_path: Path) -> None:
         ReplayEngine(bad)
     with pytest.raises(ValueError, match="no answers list"):
         ReplayEngine([{"id": "a", "answers": []}])
+
+
+def test_capacity_serves_waiting_requests_in_arrival_order_and_skips_the_cancelled() -> None:
+    engine = ReplayEngine(
+        [{"id": "q", "answers": ["1"]}],
+        latency=LatencyModel(fixed=1.0, max_concurrent_sequences=2),
+    )
+    started: list[str] = []
+
+    async def request(name: str, n: int) -> None:
+        await engine.generate(GenerateRequest(prompt="q", n=n, question_id="q"))
+        started.append(name)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(request("a", 2))
+        await asyncio.sleep(0)
+        waiting = [asyncio.ensure_future(request(name, 1)) for name in "bcd"]
+        await asyncio.sleep(0.5)
+        waiting[0].cancel()  # b leaves the queue before its turn
+        await asyncio.gather(first, *waiting[1:])
+
+    _, elapsed = run_virtual(main())
+    assert started == ["a", "c", "d"]
+    assert elapsed == 2.0  # c and d ran together once a finished
+    assert engine.stats.max_sequences_in_flight == 2

@@ -5,6 +5,7 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.core import PolicySpec
+from blendserve.errors import EngineProtocolError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
 
 from tests.support.fake_engine import FakeEngine, last_word
@@ -54,8 +55,9 @@ def test_concurrency_one_makes_the_simulators_choices() -> None:
     spec = _spec(40, concurrency=1, seed=7)
     _run(_events(Job(spec, engine, last_word)))
     ids = list(DISTRIBUTIONS)
-    # The same policy, fed the same answers in the same order, chooses the same.
-    policy = PolicySpec("blend").build(len(ids), 40, seed=7)
+    # The same policy, fed the same answers in the same order, chooses the same
+    # (built as the job builds it, so that ties are broken alike).
+    policy = PolicySpec("blend").build(len(ids), 40, seed=7, max_in_flight=40)
     for question_id, answer in engine.served:
         assert policy.select(1) == [ids.index(question_id)]
         policy.observe(ids.index(question_id), answer)
@@ -90,12 +92,26 @@ def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> Non
     assert done.spent == 0
 
 
-def test_small_batches_take_several_samples_per_request() -> None:
+def test_a_question_the_ranking_keeps_first_takes_several_samples_per_request() -> None:
     engine = FakeEngine(DISTRIBUTIONS)
-    _run(_events(Job(_spec(64, concurrency=16, max_samples_per_request=8), engine, last_word)))
+    spec = _spec(64, concurrency=16, in_flight_per_question=4, max_samples_per_request=8)
+    _run(_events(Job(spec, engine, last_word)))
     assert max(r.n for r in engine.requests) > 1
     assert max(r.n for r in engine.requests) <= 8
     assert sum(r.n for r in engine.requests) == len(engine.served) == 64
+
+
+def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:
+    engine = FakeEngine(DISTRIBUTIONS)
+
+    async def refuse(request: Any) -> Any:
+        raise EngineProtocolError("upstream sent nonsense")
+
+    engine.generate = refuse  # type: ignore[method-assign]
+    done = _run(_events(Job(_spec(8), engine, last_word)))[-1]
+    assert done.status is JobStatus.FAILED
+    assert isinstance(done.cause, EngineProtocolError)
+    assert "nonsense" in (done.error or "")
 
 
 def test_abstaining_samples_are_spent_but_do_not_vote() -> None:
@@ -135,6 +151,16 @@ def test_truncated_samples_do_not_vote() -> None:
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
     assert "cut" not in answer.votes and answer.samples == 20
     assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
+
+
+def test_answers_carry_the_finish_reason_of_the_completion_they_show() -> None:
+    engine = FakeEngine({"all cut": [("cut", 1.0)], "some cut": [("cut", 0.5), ("7", 0.5)]})
+    questions = [Question("all cut", "p"), Question("some cut", "p")]
+    events = _run(_events(Job(JobSpec(questions, budget=20, seed=4), engine, last_word)))
+    cut, fine = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+    assert cut.answer is None and cut.abstained == "so it is cut"
+    assert cut.abstained_finish_reason == "length" and cut.finish_reasons == {}
+    assert fine.answer == "7" and fine.finish_reasons == {"7": "stop"}
 
 
 def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight() -> None:

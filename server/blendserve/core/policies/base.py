@@ -26,15 +26,20 @@ class AllocationPolicy(ABC):
 
     Protocol: ``select(k)`` returns up to ``k`` distinct question indices and
     counts one dispatched sample for each (the budget is charged at dispatch
-    and never exceeded); ``extend(q, k)`` adds samples to a question already
-    in flight; each dispatched sample is later either recorded with
+    and never exceeded); each dispatched sample is later either recorded with
     ``observe(q, key)`` or refunded with ``cancel(q)``. A question with a
     sample in flight is not selected again until it completes (or, with
     ``max_in_flight > 1``, while it has that many in flight).
 
-    Every question first gets one sample, in index order. A question whose
-    PPR-1v1 uncertainty falls to ``settle_delta`` is settled: it gets no more
-    samples (``settle_delta=0`` disables settling).
+    Every question first gets one sample, in index order, before any question
+    gets a second. A question is ranked by :meth:`rank_state`, which, when a
+    question may have several samples in flight (``max_in_flight > 1``),
+    counts each of its pending samples as a vote for its current leader
+    ("virtual votes", as parallel tree search uses virtual loss): a question
+    with samples in flight is chosen again only if it still ranks first once
+    its pending samples are assumed to confirm it. A question whose PPR-1v1
+    uncertainty falls to ``settle_delta`` is settled: it gets no more samples
+    (``settle_delta=0`` disables settling).
 
     Args:
         num_questions: questions in the job.
@@ -45,12 +50,14 @@ class AllocationPolicy(ABC):
         seed: seeds the random tie-break.
         max_in_flight: samples of one question that may be in flight at once
             before it stops being selectable (1 in the simulator; a scheduler
-            with more slots than questions raises it so the best questions
-            are not held back by their own pending samples).
+            raises it so that a question the ranking still puts first, virtual
+            votes included, can take several samples in one request).
     """
 
     #: Short name used by the simulator and the service.
     name: str = ""
+    #: Whether the policy stops questions by a rule of its own (ESC's windows).
+    _has_stopping_rule: bool = False
 
     def __init__(
         self,
@@ -107,6 +114,11 @@ class AllocationPolicy(ABC):
         """Samples dispatched and not yet observed or cancelled."""
         return self._num_pending
 
+    @property
+    def stops_early(self) -> bool:
+        """Whether a question may stop before the budget is spent (settling, or ESC's rule)."""
+        return self._settles or self._has_stopping_rule
+
     def is_settled(self, q: int) -> bool:
         """Whether question ``q`` was settled by ``settle_delta``."""
         return self._settled[q]
@@ -124,6 +136,19 @@ class AllocationPolicy(ABC):
     def done(self) -> bool:
         """No sample is in flight and none can be dispatched any more."""
         return self._num_pending == 0 and (self.num_remaining == 0 or not self._has_selectable())
+
+    def rank_state(self, q: int) -> tuple[int, int, int]:
+        """``(n1, n2, K)`` that ranks ``q``: its votes plus one per pending sample for its leader.
+
+        A question with pending samples and no vote yet ranks as one answer
+        seen ``num_pending`` times. With ``max_in_flight == 1`` a pending
+        question cannot be chosen, and it ranks by its votes alone.
+        """
+        votes = self.votes
+        num_pending = self.num_pending_of[q]
+        if num_pending == 0 or self.max_in_flight == 1:
+            return votes.n1[q], votes.n2[q], votes.num_distinct[q]
+        return votes.n1[q] + num_pending, votes.n2[q], max(1, votes.num_distinct[q])
 
     def select(self, k: int = 1) -> list[int]:
         """Chooses up to ``k`` distinct questions for the next samples.
@@ -187,30 +212,10 @@ class AllocationPolicy(ABC):
         self.num_assigned[q] -= 1
         if self.num_assigned[q] == 0:
             self._unsampled.appendleft(q)
+        if self.max_in_flight > 1:
+            self._on_rank_change(q)
         if self.num_pending_of[q] < self.max_in_flight:
             self._clear(q, _PENDING)
-
-    def extend(self, q: int, k: int) -> int:
-        """Dispatches up to ``k`` more samples of ``q``, which already has one in flight.
-
-        For a scheduler with more free slots than selectable questions: the
-        extra samples go out in the same engine request (``n > 1``). Each is
-        observed or cancelled on its own.
-
-        Returns:
-            How many were granted (the budget, the cap and settling permitting).
-        """
-        if self.num_pending_of[q] == 0:
-            raise ValueError(f"question {q} has no sample in flight to extend")
-        granted = 0
-        stop = _CAPPED | _FINISHED
-        while granted < k and self.num_dispatched < self.budget and not self._flags[q] & stop:
-            if self._flags[q] == 0:
-                self._on_selectable(q, False)
-            self._dispatch(q)
-            granted += 1
-        self._clear(q, _CHOSEN)
-        return granted
 
     def stop(self, q: int) -> None:
         """Gives ``q`` no more samples (its caller went away); those in flight still count."""
@@ -224,6 +229,8 @@ class AllocationPolicy(ABC):
         num_pending = self.num_pending_of[q] = self.num_pending_of[q] + 1
         flags = self._flags[q] | (_PENDING if num_pending >= self.max_in_flight else _CHOSEN)
         self._flags[q] = flags
+        if self.max_in_flight > 1:
+            self._on_rank_change(q)
         if self.cap is not None:
             # Paper, section 4: questions holding more than cap x the mean are skipped.
             limit = self.cap * self.num_dispatched / self._num_questions
@@ -266,11 +273,16 @@ class AllocationPolicy(ABC):
     def _on_selectable(self, q: int, selectable: bool) -> None:
         """Hook: ``q`` became selectable (True) or stopped being selectable."""
 
+    def _on_rank_change(self, q: int) -> None:
+        """Hook: :meth:`rank_state` of ``q`` may have changed (a sample dispatched or refunded)."""
+
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
-        """Hook: one sample of ``q`` was observed.
+        """Hook: one sample of ``q`` was observed (its vote and its pending count changed).
 
         ``selectable``: ``q`` has just become selectable, and this hook stands
         for ``_on_selectable(q, True)`` (policies may do both in one step).
         """
         if selectable:
             self._on_selectable(q, True)
+        else:
+            self._on_rank_change(q)

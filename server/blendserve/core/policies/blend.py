@@ -4,9 +4,11 @@ At step ``t`` of budget ``T`` Blend-ASC samples the question minimising
 ``(1 - t/T) * rank_ASC + (t/T) * rank_PPR`` (paper, figure "Overview"), with
 rank 0 the least sure question and average ranks for ties.
 
-Questions with equal scores (at least those in the same state
-``(n1, n2, max(2, K) - 1)``) share their ranks, so the ranks are kept per such
-*slot* instead of per question: a sample moves one question between two slots,
+A question is ranked by its ``rank_state`` (its votes, plus each pending
+sample as a vote for its leader). Questions with equal scores (at least those
+in the same state ``(n1, n2, max(2, K) - 1)``) share their ranks, so the ranks
+are kept per such *slot* instead of per question: a sample dispatched or
+observed moves one question between two slots,
 which shifts every slot's rank by ``sign(u_new - u) - sign(u_old - u)`` in one
 pass, with no sort. An empty slot keeps its ranks current until a new state
 takes it over, so the arrays stay as small as the most states live at once.
@@ -96,11 +98,18 @@ class BlendPolicy(AllocationPolicy):
         return scores
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
-        if key is None:  # no vote: the state is unchanged
-            super()._on_vote(q, key, selectable)
+        if key is None and self.max_in_flight == 1:  # no vote, no virtual one: same state
+            if selectable:
+                self._on_selectable(q, True)
             return
-        votes = self.votes
-        log_asc, log_ppr = _log_uncertainties(votes.n1[q], votes.n2[q], votes.num_distinct[q])
+        self._move(q, selectable)
+
+    def _on_rank_change(self, q: int) -> None:
+        self._move(q, False)
+
+    def _move(self, q: int, selectable: bool) -> None:
+        """Puts ``q`` in the slot of its :meth:`rank_state`; makes it selectable if asked."""
+        log_asc, log_ppr = _log_uncertainties(*self.rank_state(q))
         if self._num_slots == self._capacity:
             self._grow()
         self._num_slots = move_question(

@@ -61,6 +61,11 @@ class PriorityPolicy(AllocationPolicy):
             self._num_selectable -= 1
             self._token[q] = -1
 
+    def _on_rank_change(self, q: int) -> None:
+        if self._token[q] >= 0:  # selectable: its entry must carry the new priority
+            self._on_selectable(q, False)
+            self._on_selectable(q, True)
+
     def _has_selectable(self) -> bool:
         return self._num_selectable > 0
 
@@ -98,6 +103,7 @@ class ESCPolicy(PriorityPolicy):
     """
 
     name = "esc"
+    _has_stopping_rule = True
 
     def __init__(
         self, num_questions: int, budget: int, *, window: int = 5, **kwargs: object
@@ -129,8 +135,9 @@ class ASCPolicy(PriorityPolicy):
     name = "asc"
 
     def priority(self, q: int) -> float:
-        """Minus the log ASC uncertainty."""
-        return -asc_log_uncertainty(self.votes.n1[q], self.votes.n2[q])
+        """Minus the log ASC uncertainty (of :meth:`rank_state`)."""
+        n1, n2, _ = self.rank_state(q)
+        return -asc_log_uncertainty(n1, n2)
 
 
 class PPRPolicy(PriorityPolicy):
@@ -139,8 +146,8 @@ class PPRPolicy(PriorityPolicy):
     name = "ppr"
 
     def priority(self, q: int) -> float:
-        """Minus the log PPR-1v1 uncertainty."""
-        return -ppr_log_uncertainty(*self.votes.state(q))
+        """Minus the log PPR-1v1 uncertainty (of :meth:`rank_state`)."""
+        return -ppr_log_uncertainty(*self.rank_state(q))
 
 
 class OraclePolicy(PriorityPolicy):

@@ -75,5 +75,9 @@ class PolicySpec:
         return f"{self.name}:{rest}" if rest else self.name
 
     def build(self, num_questions: int, budget: int, **kwargs: Any) -> AllocationPolicy:
-        """Instantiates the policy; ``kwargs`` (seed, margins, ...) join the options."""
-        return POLICIES[self.name](num_questions, budget, **{**self.options, **kwargs})
+        """Instantiates the policy; ``kwargs`` (seed, margins, ...) join the options.
+
+        An option named in the spec (``blend:settle_delta=0.3``) wins over the
+        same keyword passed here, which is the caller's default.
+        """
+        return POLICIES[self.name](num_questions, budget, **{**kwargs, **self.options})

@@ -177,7 +177,7 @@ class Grouper:
                     ):
                         futures[event.index].set_result(event)
                 elif isinstance(event, DoneEvent) and event.error:
-                    error = EngineUnavailable(event.error)
+                    error = event.cause or EngineUnavailable(event.error)
         except Exception as exc:  # a bug below: every waiting request learns of it
             error = exc
         finally:

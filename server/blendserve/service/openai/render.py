@@ -41,13 +41,21 @@ def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
 
     Question ``i``'s choices have indices ``i*n ... i*n+n-1`` (fewer when it
     had fewer distinct answers; one, its last completion, when it had none).
+    Each keeps its sample's finish reason: ``length`` says it was cut at
+    ``max_tokens`` (a truncated sample never votes, so that is the case of a
+    question whose every sample was cut).
     """
     choices = []
     for i, event in enumerate(events):
-        texts = [completion for _, completion in event.candidates.values()][:n]
-        if not texts:
-            texts = [event.abstained or ""]
-        choices += [Choice(i * n + j, text, "stop") for j, text in enumerate(texts)]
+        picked = [
+            (completion, event.finish_reasons.get(key))
+            for key, (_, completion) in event.candidates.items()
+        ][:n]
+        if not picked:
+            picked = [(event.abstained or "", event.abstained_finish_reason)]
+        choices += [
+            Choice(i * n + j, text, finish or "stop") for j, (text, finish) in enumerate(picked)
+        ]
     return choices
 
 
@@ -56,8 +64,8 @@ def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choi
     return [Choice(start + j, s.text, s.finish_reason) for j, s in enumerate(samples)]
 
 
-def vote_out(event: AnswerEvent) -> VoteOut:
-    """The ``blendserve`` field of one question."""
+def vote_out(event: AnswerEvent, temperature: float | None) -> VoteOut:
+    """The ``blendserve`` field of one question whose samples were drawn at ``temperature``."""
     return VoteOut(
         answer=event.answer,
         votes=event.votes,
@@ -65,6 +73,7 @@ def vote_out(event: AnswerEvent) -> VoteOut:
         confidence=ConfidenceOut(**asdict(event.confidence)),
         settled_early=event.settled_early,
         partial=event.partial,
+        temperature=temperature,
     )
 
 

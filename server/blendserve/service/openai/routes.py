@@ -11,12 +11,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from blendserve.engines.base import Engine, GenerateRequest, Sample
-from blendserve.errors import BlendserveError, RequestValidationError
+from blendserve.errors import BlendserveError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
 from blendserve.service.errors import error_body, error_responses, status_for
 from blendserve.service.limits import HeldStreamingResponse, JobLimits, Prompt, Slot
-from blendserve.service.openai.grouping import Grouper, GroupSettings
+from blendserve.service.openai.grouping import GroupSettings
+from blendserve.service.openai.online import DropIn
 from blendserve.service.openai.render import (
     DONE,
     Reply,
@@ -82,9 +83,17 @@ async def _self_consistent(
     chat: bool,
 ) -> Response | Any:
     settings: Settings = request.app.state.settings
-    grouper: Grouper = request.app.state.grouper
+    grouper: DropIn = request.app.state.grouper
     options = body.blendserve
     answer = options.answer
+    budget = options.budget_per_question or settings.sc_budget_per_question
+    temperature = body.temperature
+    # Greedy decoding has one answer: more samples would only repeat it.
+    one_sample = temperature == 0 and settings.sc_greedy_temperature is None
+    if one_sample:
+        budget = 1
+    elif temperature == 0:
+        temperature = settings.sc_greedy_temperature
     group = GroupSettings(
         policy=options.policy or settings.sc_policy,
         answer_kind=answer.kind if answer is not None else settings.sc_answer,
@@ -92,11 +101,10 @@ async def _self_consistent(
         settle_delta=(
             options.settle_delta if options.settle_delta is not None else settings.sc_settle_delta
         ),
-        sampling=body.sampling(max_tokens),
+        sampling=body.sampling(max_tokens, temperature),
         model=body.model,
     )
     check_extra(group.sampling.extra)
-    budget = options.budget_per_question or settings.sc_budget_per_question
     limits: JobLimits = request.app.state.limits
     questions_param, prompts = _prompt_fields(body, [q.prompt or q.messages for q in questions])
     limits.check(
@@ -106,7 +114,14 @@ async def _self_consistent(
         budget_param="blendserve.budget_per_question",
     )
     slot: Slot = request.app.state.admission.admit(len(questions), param=questions_param)
-    ticket = grouper.submit(group, questions, budget)
+    ticket = grouper.submit(
+        group,
+        questions,
+        budget,
+        confidence=None if one_sample else options.confidence,
+        # A job spends exactly its budget (one sample each); a pool paces a mean.
+        policy_asked=options.policy is not None or one_sample,
+    )
     reply = Reply(chat, _model(request, body.model))
 
     def render(events: list[AnswerEvent]) -> tuple[Any, ...]:
@@ -115,7 +130,7 @@ async def _self_consistent(
             sum(e.usage.prompt_tokens for e in events),
             sum(e.usage.completion_tokens for e in events),
         )
-        return choices, usage, [vote_out(e) for e in events]
+        return choices, usage, [vote_out(e, temperature) for e in events]
 
     if body.stream:
 
@@ -155,7 +170,7 @@ def _prompt_fields(
 ) -> tuple[str, dict[str, Prompt]]:
     """The field listing the questions, and each question's prompt by its field."""
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    listed = isinstance(body, CompletionRequest) and not isinstance(body.prompt, str)
+    listed = isinstance(body, CompletionRequest) and body.batched
     fields = {f"{param}.{i}" if listed else param: p or "" for i, p in enumerate(prompts)}
     return param, fields
 
@@ -203,15 +218,11 @@ async def _emulate(
                 model=body.model,
             )
         ]
-    elif body.prompts:
+    else:
         asks = [
             GenerateRequest(prompt=p, n=n, params=body.sampling(), model=body.model)
             for p in body.prompts
         ]
-    else:
-        raise RequestValidationError(
-            f"the {engine.name} engine takes text prompts only", param="prompt"
-        )
     # The service's own samples: the same limits and admission as a voted request.
     param, prompts = _prompt_fields(body, [ask.prompt or ask.messages for ask in asks])
     request.app.state.limits.check(prompts, n * len(asks), questions_param=param, budget_param="n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from blendserve.engines.base import SamplingParams
 from blendserve.service.solve.schemas import (
@@ -27,14 +28,31 @@ __all__ = [
     "ChatCompletionRequest",
     "Completion",
     "CompletionRequest",
+    "PromptInput",
     "VoteOut",
 ]
+
+#: One prompt of ``/v1/completions``: text or token ids.
+PromptInput = str | list[int]
 
 #: Fields whose meaning self-consistency cannot keep (turn it off to use them).
 UNSUPPORTED_WITH_SC = (
     "logprobs", "top_logprobs", "echo", "best_of", "suffix", "tools", "tool_choice",
     "functions", "function_call",
 )  # fmt: skip
+
+
+def _invalid(param: str, message: str) -> PydanticCustomError:
+    """A validation error that names the request field at fault (``error.param``)."""
+    return PydanticCustomError("invalid_field", "{message}", {"message": message, "param": param})
+
+
+def _token_ids(value: object, param: str) -> None:
+    if not isinstance(value, list) or not value:
+        raise _invalid(param, "token ids must be a non-empty list of integers")
+    for j, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise _invalid(f"{param}.{j}", "a token id must be an integer >= 0")
 
 
 class BlendserveOptions(BaseModel):
@@ -51,6 +69,13 @@ class BlendserveOptions(BaseModel):
     )
     answer: AnswerFormat | None = None
     settle_delta: float | None = Field(None, ge=0, lt=1)
+    confidence: float | None = Field(
+        None,
+        gt=0.5,
+        lt=1,
+        description="quality target instead of a budget: stop each question once "
+        "P[its answer is not the most likely one] <= 1 - confidence",
+    )
 
     @field_validator("answer", mode="before")
     @classmethod
@@ -94,9 +119,11 @@ class _Request(BaseModel):
             for name in UNSUPPORTED_WITH_SC:
                 value = extra.get(name)
                 if value not in (None, False) and not (name == "best_of" and value == 1):
-                    raise ValueError(
-                        f"{name} is not supported with self-consistency "
-                        "(set blendserve.enabled to false to pass the request upstream)"
+                    raise _invalid(
+                        name,
+                        f"{name} is not supported with self-consistency: voting needs "
+                        "generated answers (set blendserve.enabled to false to pass the "
+                        "request upstream)",
                     )
         return self
 
@@ -105,8 +132,13 @@ class _Request(BaseModel):
         """Whether a stream ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self, max_tokens: int | None = None) -> SamplingParams:
-        """The sampling parameters of every sample; undeclared fields go upstream as is."""
+    def sampling(
+        self, max_tokens: int | None = None, temperature: float | None = None
+    ) -> SamplingParams:
+        """The sampling parameters of every sample; undeclared fields go upstream as is.
+
+        ``max_tokens`` and ``temperature`` replace the request's own when given.
+        """
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         extra = {
             k: v
@@ -114,7 +146,7 @@ class _Request(BaseModel):
             if k not in UNSUPPORTED_WITH_SC and k != "max_completion_tokens"
         }
         return SamplingParams(
-            temperature=self.temperature,
+            temperature=temperature if temperature is not None else self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             min_p=self.min_p,
@@ -143,24 +175,52 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    """``POST /v1/completions``: one question per prompt."""
+    """``POST /v1/completions``: one question per prompt, given as text or token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a prompt (text or token ids) or a batch of them, one question each"
+    )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not value:
+            raise _invalid(
+                "prompt", "prompt must be a string, token ids, or a non-empty list of either"
+            )
+        if isinstance(value[0], str):
+            for i, item in enumerate(value):
+                if not isinstance(item, str):
+                    raise _invalid(f"prompt.{i}", "a batch of text prompts holds strings only")
+        elif isinstance(value[0], list):
+            for i, item in enumerate(value):
+                _token_ids(item, f"prompt.{i}")
+        else:
+            _token_ids(value, "prompt")
+        return value
 
     @model_validator(mode="after")
-    def _text_prompts(self) -> CompletionRequest:
-        if self.blendserve.enabled and not self.prompts:
-            raise ValueError("prompt must be a non-empty string or list of strings")
+    def _non_empty(self) -> CompletionRequest:
+        if self.blendserve.enabled:
+            for i, prompt in enumerate(self.prompts):
+                if not prompt:
+                    param = f"prompt.{i}" if self.batched else "prompt"
+                    raise _invalid(param, "an empty prompt has nothing to answer")
         return self
 
     @property
-    def prompts(self) -> list[str]:
-        """The text prompts (empty when given as tokens)."""
-        if isinstance(self.prompt, str):
-            return [self.prompt] if self.prompt else []
-        if self.prompt and all(isinstance(p, str) and p for p in self.prompt):
-            return [str(p) for p in self.prompt]
-        return []
+    def batched(self) -> bool:
+        """Whether ``prompt`` is a list of prompts (choices ``i*n ...`` answer prompt ``i``)."""
+        return isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list))
+
+    @property
+    def prompts(self) -> list[PromptInput]:
+        """Each prompt of the batch, as text or token ids."""
+        if self.batched:
+            return list(self.prompt)  # type: ignore[arg-type]
+        return [self.prompt]  # type: ignore[list-item]
 
 
 class UsageInfo(BaseModel):
@@ -180,6 +240,11 @@ class VoteOut(BaseModel):
     confidence: ConfidenceOut
     settled_early: bool
     partial: bool
+    temperature: float | None = Field(
+        description="temperature the samples were drawn at (null: the upstream's default); "
+        "a greedy request (temperature 0) gets one sample unless the server samples it "
+        "at --sc-greedy-temperature"
+    )
 
 
 class ChatMessageOut(BaseModel):

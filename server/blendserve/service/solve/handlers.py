@@ -77,6 +77,9 @@ def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Job:
         answer_kind=request.answer.kind,
         settle_delta=request.settle_delta,
         concurrency=request.concurrency or settings.default_concurrency,
+        in_flight_per_question=(
+            request.in_flight_per_question or settings.default_in_flight_per_question
+        ),
         request_timeout=settings.upstream_timeout,
         failure_timeout=settings.job_failure_timeout,
     )

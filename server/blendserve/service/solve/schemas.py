@@ -242,7 +242,16 @@ class SolveRequest(BaseModel):
     sampling: SamplingIn = Field(default_factory=SamplingIn)
     model: str | None = None
     settle_delta: float = Field(0.0, ge=0, lt=1, description="0: pure Blend-ASC")
-    concurrency: int | None = Field(None, ge=1, le=4096)
+    concurrency: int | None = Field(None, ge=1, le=4096, description="most samples in flight")
+    in_flight_per_question: float | None = Field(
+        None,
+        gt=0,
+        le=64,
+        description=(
+            "samples in flight per open question, at most (default 0.5): more means fewer "
+            "rounds, fewer means decisions closer to the sequential policy's"
+        ),
+    )
     stream: bool = False
 
     @field_validator("policy")

@@ -1,0 +1,308 @@
+"""An always-open pool of questions that each stop once confident (online self-consistency).
+
+A question joins at once (no grouping wait), is sampled in waves of
+:meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
+with ``n = k``, then smaller top-ups) and is answered as soon as its
+uncertainty is at most the pool's ``tau``, it reaches its cap, or its caller
+leaves. ``tau`` is paced so that the mean samples per question meet the
+pool's budget (or fixed, for a quality target). Waves of every open question
+share ``concurrency`` samples in flight: first waves go first, then the least
+sure questions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from blendserve import metrics
+from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
+from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.core.votes import VoteState
+from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.errors import EngineError
+from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
+from blendserve.scheduler.job import Keyer, Question
+
+__all__ = ["Pool", "PoolSpec"]
+
+_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What the questions of one pool share.
+
+    Attributes:
+        budget_per_question: mean samples per question ``tau`` is paced to
+            (also the unit of the cap); None with ``target``.
+        target: a fixed ``tau`` (quality target: stop at ``P[p1 < p2] <= target``).
+        sampling: sampling parameters of every request.
+        model: upstream model name.
+        answer_kind: answer format passed to the engine (a replay hint).
+        score: the uncertainty thresholded (``asc`` or ``ppr``).
+        cap: a question's cap, a multiple of the budget (8 x 8 = 64 by default).
+        max_cap: with a quality target, the cap in samples.
+        concurrency: samples in flight for the whole pool.
+        max_samples_per_request: largest ``n`` of one engine request.
+        request_timeout: seconds per engine request (None: the engine's default).
+        max_consecutive_failures: engine failures in a row that end a question.
+    """
+
+    budget_per_question: float | None = 8.0
+    target: float | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None
+    answer_kind: str = "auto"
+    score: Score = "asc"
+    cap: float = 8.0
+    max_cap: int = 64
+    concurrency: int = 64
+    max_samples_per_request: int = 16
+    request_timeout: float | None = None
+    max_consecutive_failures: int = 8
+
+    def rule(self) -> StoppingRule:
+        """The stopping rule of every question of the pool."""
+        if self.budget_per_question is None:
+            return StoppingRule(self.score, self.max_cap)
+        return StoppingRule.for_budget(self.budget_per_question, score=self.score, cap=self.cap)
+
+    def threshold(self) -> PacedThreshold:
+        """A fresh pacing controller (or fixed threshold) for the pool."""
+        if self.target is not None:
+            return PacedThreshold(None, log_tau=math.log(self.target))
+        if self.budget_per_question is None:
+            raise ValueError("a pool needs a budget per question or a target")
+        return PacedThreshold(max(1.0, self.budget_per_question))
+
+
+@dataclass
+class _Open:
+    """One open question of the pool."""
+
+    question: Question
+    votes: VoteState
+    answers: dict[str, tuple[str, str]]  # key -> (answer, one completion)
+    usage: Usage
+    abstained: str | None = None
+    # key -> finish reason of its completion in answers
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    abstained_finish_reason: str | None = None
+    rounds: int = 0
+
+
+class Pool:
+    """Runs questions of one :class:`PoolSpec` as they arrive.
+
+    Args:
+        spec: what the questions share.
+        engine: where samples come from.
+        keyer: turns a completion into ``(answer, key)``.
+        name: the pool's metrics label.
+    """
+
+    def __init__(self, spec: PoolSpec, engine: Engine, keyer: Keyer, name: str = "default") -> None:
+        if spec.concurrency < 1 or spec.max_samples_per_request < 1:
+            raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        self.spec = spec
+        self.engine = engine
+        self.keyer = keyer
+        self.name = name
+        self.rule = spec.rule()
+        self.threshold = spec.threshold()
+        self._free = spec.concurrency
+        self._waiting: list[tuple[float, int, int, asyncio.Future[None]]] = []
+        self._order: itertools.count[int] = itertools.count()
+        self._tasks: set[asyncio.Task[AnswerEvent]] = set()
+        self.num_open = 0
+        self.num_rounds = 0
+
+    def submit(self, question: Question) -> asyncio.Task[AnswerEvent]:
+        """Adds a question at once; the task ends with its answer.
+
+        Cancelling the task (the caller left) stops the question's samples;
+        it then does not count towards the pacing.
+        """
+        task = asyncio.get_running_loop().create_task(self._run(question))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def tau(self) -> float:
+        """The threshold now."""
+        return self.threshold.tau
+
+    async def aclose(self) -> None:
+        """Cancels every open question."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self, question: Question) -> AnswerEvent:
+        state = _Open(question, VoteState(1), {}, Usage())
+        self.num_open += 1
+        metrics.QUEUED_QUESTIONS.inc()
+        failures = 0
+        try:
+            while True:
+                log_tau = self.threshold.log_tau
+                n = state.votes.num_samples[0]
+                wave = self.rule.wave_size(*state.votes.state(0), n, log_tau)
+                if wave == 0:
+                    break
+                wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
+                try:
+                    samples = await self._wave(state, wave)
+                except EngineError as exc:
+                    failures += 1
+                    if failures >= self.spec.max_consecutive_failures:
+                        if n == 0:  # as a failed job, of the same kind of error
+                            raise type(exc)(
+                                f"engine failed {failures} times in a row: {exc}"
+                            ) from exc
+                        return self._answer(state, partial=True, capped=False)
+                    await asyncio.sleep(min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** (failures - 1)))
+                    continue
+                failures = 0
+                state.rounds += 1
+                await self._record(state, samples)
+            # Stopped below tau, else at the cap (the same tau decided both).
+            confident = self.rule.is_done(*state.votes.state(0), 0, log_tau)
+            event = self._answer(state, partial=False, capped=not confident)
+            self.threshold.observe(event.samples)
+            self.num_rounds += state.rounds
+            metrics.ONLINE_ROUNDS.labels(self.name).observe(state.rounds)
+            self._report()
+            return event
+        finally:
+            self.num_open -= 1
+            metrics.QUEUED_QUESTIONS.dec()
+
+    async def _wave(self, state: _Open, wave: int) -> list[Sample]:
+        """Requests ``wave`` samples once the pool has room for them."""
+        # Every question's first wave goes first, then the least sure questions.
+        first = state.votes.num_samples[0] == 0
+        priority = -math.inf if first else -self.rule.log_uncertainty(*state.votes.state(0))
+        await self._acquire(wave, priority)
+        metrics.IN_FLIGHT_SAMPLES.inc(wave)
+        try:
+            sizes = [self.spec.max_samples_per_request] * (
+                wave // self.spec.max_samples_per_request
+            )
+            if wave % self.spec.max_samples_per_request:
+                sizes.append(wave % self.spec.max_samples_per_request)
+            # The sample index each request starts at (seeded requests shift their seed).
+            starts = itertools.accumulate(sizes[:-1], initial=state.votes.num_samples[0])
+            pairs = zip(sizes, starts, strict=True)
+            requests = (self._generate(state.question, k, i) for k, i in pairs)
+            results = await asyncio.gather(*requests)
+            return [s for result in results for s in result]
+        finally:
+            metrics.IN_FLIGHT_SAMPLES.dec(wave)
+            self._release(wave)
+
+    def _generate(self, question: Question, n: int, first: int) -> Awaitable[list[Sample]]:
+        return self.engine.generate(
+            GenerateRequest(
+                prompt=question.prompt,
+                messages=question.messages,
+                n=n,
+                params=self.spec.sampling.from_sample(first),
+                model=self.spec.model,
+                question_id=question.id,
+                answer_kind=self.spec.answer_kind,
+                timeout=self.spec.request_timeout,
+            )
+        )
+
+    async def _acquire(self, wave: int, priority: float) -> None:
+        need = wave
+        if not self._waiting and self._free >= need:
+            self._free -= need
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._order), need, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release(wave)  # granted as we were cancelled: give it back
+            raise
+
+    def _release(self, wave: int) -> None:
+        self._free += wave
+        waiting = self._waiting
+        while waiting:
+            _, _, need, future = waiting[0]
+            if future.cancelled():
+                heapq.heappop(waiting)
+                continue
+            if self._free < need:
+                break
+            heapq.heappop(waiting)
+            self._free -= need
+            future.set_result(None)
+
+    async def _record(self, state: _Open, samples: list[Sample]) -> None:
+        for sample in samples:
+            truncated = sample.finish_reason == "length"
+            answer, key = (None, None) if truncated else await self.keyer(sample.text)
+            if key is None:
+                state.abstained = sample.text
+                state.abstained_finish_reason = sample.finish_reason
+            elif key not in state.answers:
+                state.answers[key] = (answer if answer is not None else key, sample.text)
+                state.finish_reasons[key] = sample.finish_reason
+            state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
+            metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
+            state.votes.add(0, key)
+
+    def _answer(self, state: _Open, *, partial: bool, capped: bool) -> AnswerEvent:
+        votes = state.votes
+        n1, n2, num_distinct = votes.state(0)
+        key = votes.answer(0)
+        counts = {str(k): v for k, v in votes.counts[0].items()}
+        share = n1 / sum(counts.values()) if counts else 0.0
+        ppr = math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct)))
+        settled_early = not capped and not partial
+        samples = votes.num_samples[0]
+        metrics.SAMPLES_PER_QUESTION.observe(samples)
+        metrics.ANSWER_VOTE_SHARE.observe(share)
+        metrics.ANSWER_PPR_UNCERTAINTY.observe(ppr)
+        metrics.ANSWERS.labels(str(settled_early).lower()).inc()
+        winner = state.answers.get(str(key)) if key is not None else None
+        return AnswerEvent(
+            index=0,
+            id=state.question.id,
+            answer=winner[0] if winner else None,
+            key=str(key) if key is not None else None,
+            votes=counts,
+            samples=samples,
+            confidence=Confidence(asc=math.exp(asc_log_uncertainty(n1, n2)), ppr=ppr, share=share),
+            settled_early=settled_early,
+            completion=winner[1] if winner else None,
+            usage=state.usage,
+            partial=partial,
+            candidates={
+                k: state.answers[k]
+                for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
+            },
+            abstained=state.abstained,
+            finish_reasons={k: state.finish_reasons[k] for k in counts},
+            abstained_finish_reason=state.abstained_finish_reason,
+        )
+
+    def _report(self) -> None:
+        threshold = self.threshold
+        metrics.ONLINE_TAU.labels(self.name).set(threshold.tau)
+        metrics.ONLINE_MEAN_SAMPLES.labels(self.name).set(threshold.mean_samples)
+        metrics.ONLINE_PACING_ERROR.labels(self.name).set(threshold.pacing_error)
+        metrics.ONLINE_QUESTIONS.labels(self.name).inc()

@@ -1,0 +1,165 @@
+"""The drop-in's default: each question joins an always-open pool and stops once confident.
+
+One pool per (model, answer format, sampling parameters, budget or quality
+target); its ``tau`` is paced to the budget (see ``scheduler/pool.py``).
+Requests join at once, with no grouping wait, and share the engine through
+their pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable, Sequence
+
+from blendserve.core.stopping import Score
+from blendserve.engines.base import Engine
+from blendserve.errors import ServiceOverloaded
+from blendserve.scheduler import AnswerEvent, Keyer, Question
+from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.service.openai.grouping import Grouper, GroupSettings, Ticket
+
+__all__ = ["DropIn", "OnlinePools", "OnlineTicket"]
+
+
+class OnlineTicket:
+    """One request's questions in their pool: await :meth:`answers`, or :meth:`abandon`."""
+
+    def __init__(self, tasks: Sequence[asyncio.Task[AnswerEvent]]) -> None:
+        self.tasks = list(tasks)
+
+    async def answers(self) -> list[AnswerEvent]:
+        """Every question's answer event, in the request's order."""
+        return list(await asyncio.gather(*self.tasks))
+
+    def abandon(self) -> None:
+        """The caller went away: its questions get no more samples."""
+        for task in self.tasks:
+            task.cancel()
+
+
+class OnlinePools:
+    """The pools of one service, made on first use.
+
+    Args:
+        engine: where samples come from.
+        keyer_for: answer kind and pattern -> keyer.
+        concurrency: samples in flight per pool.
+        request_timeout: seconds per engine request, retries included.
+        score: the uncertainty thresholded (``asc`` or ``ppr``).
+        cap: a question's cap, a multiple of the budget.
+        max_pools: idle pools beyond this many are dropped (their pacing restarts).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        keyer_for: Callable[[str, str | None], Keyer],
+        *,
+        concurrency: int,
+        request_timeout: float | None = None,
+        score: Score = "asc",
+        cap: float = 8.0,
+        max_pools: int = 64,
+    ) -> None:
+        self.engine = engine
+        self._keyer_for = keyer_for
+        self.concurrency = concurrency
+        self.request_timeout = request_timeout
+        self.score = score
+        self.cap = cap
+        self.max_pools = max_pools
+        self.pools: dict[str, Pool] = {}
+        self._ids = itertools.count()
+
+    def pool(
+        self, settings: GroupSettings, budget_per_question: float, confidence: float | None = None
+    ) -> Pool:
+        """The pool of these settings and budget (or quality target), made if new."""
+        target = None if confidence is None else 1.0 - confidence
+        key = json.dumps([settings.key(), budget_per_question, target])
+        pool = self.pools.get(key)
+        if pool is None:
+            self._evict()
+            spec = PoolSpec(
+                budget_per_question=None if target is not None else budget_per_question,
+                target=target,
+                sampling=settings.sampling,
+                model=settings.model,
+                answer_kind=settings.answer_kind,
+                score=self.score,
+                cap=self.cap,
+                concurrency=self.concurrency,
+                request_timeout=self.request_timeout,
+            )
+            aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
+            name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"
+            keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
+            pool = self.pools[key] = Pool(spec, self.engine, keyer, name)
+        return pool
+
+    def submit(
+        self,
+        settings: GroupSettings,
+        questions: Sequence[Question],
+        budget_per_question: float,
+        confidence: float | None = None,
+    ) -> OnlineTicket:
+        """Adds a request's questions to their pool at once."""
+        pool = self.pool(settings, budget_per_question, confidence)
+        tasks = []
+        for question in questions:
+            # Ids must be unique among open questions (replica affinity keys on them).
+            unique = Question(
+                f"{next(self._ids)}:{question.id}", question.prompt, question.messages
+            )
+            tasks.append(pool.submit(unique))
+        return OnlineTicket(tasks)
+
+    def _evict(self) -> None:
+        if len(self.pools) < self.max_pools:
+            return
+        for key, pool in list(self.pools.items()):
+            if pool.num_open == 0:
+                del self.pools[key]
+                if len(self.pools) < self.max_pools:
+                    return
+        raise ServiceOverloaded(
+            f"{self.max_pools} self-consistency pools are busy: at most that many"
+        )
+
+    async def aclose(self) -> None:
+        """Cancels every open question."""
+        await asyncio.gather(*(pool.aclose() for pool in self.pools.values()))
+
+
+class DropIn:
+    """Where ``/v1`` self-consistency goes: the online pools or grouped Blend-ASC jobs.
+
+    Online is the default; a request naming a ``policy`` (a batch policy)
+    and the ``grouped`` mode use the grouping window as before.
+    """
+
+    def __init__(self, pools: OnlinePools, grouper: Grouper, *, online: bool = True) -> None:
+        self.pools = pools
+        self.grouper = grouper
+        self.online = online
+
+    def submit(
+        self,
+        settings: GroupSettings,
+        questions: Sequence[Question],
+        budget_per_question: float,
+        *,
+        confidence: float | None = None,
+        policy_asked: bool = False,
+    ) -> OnlineTicket | Ticket:
+        """Sends a request's questions to a pool, or to a group when asked to."""
+        if confidence is not None or (self.online and not policy_asked):
+            return self.pools.submit(settings, questions, budget_per_question, confidence)
+        return self.grouper.submit(settings, questions, budget_per_question)
+
+    async def aclose(self) -> None:
+        """Cancels every open question and running job."""
+        await asyncio.gather(self.pools.aclose(), self.grouper.aclose())

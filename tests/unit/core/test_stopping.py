@@ -1,0 +1,104 @@
+"""The online stopping rule, its waves, and the pacing of tau."""
+
+import math
+import random
+
+import pytest
+from blendserve.core.stopping import PacedThreshold, StoppingRule, start_log_tau
+from blendserve.core.uncertainty import asc_log_uncertainty
+from blendserve.core.votes import VoteState
+
+
+def test_a_question_stops_at_tau_or_at_its_cap() -> None:
+    rule = StoppingRule("asc", max_num_samples=10)
+    log_tau = math.log(0.03)
+    # Unanimous: P[p1 < p2] = 2^-(n+1), at most 0.03 from n = 5 on.
+    assert not rule.is_done(4, 0, 1, 4, log_tau)
+    assert rule.is_done(5, 0, 1, 5, log_tau)
+    assert not rule.is_done(5, 4, 2, 9, log_tau)
+    assert rule.is_done(5, 5, 2, 10, log_tau)  # the cap
+    assert not rule.is_done(0, 0, 0, 3, 0.0)  # no vote yet: never confident
+
+
+def test_waves_stop_exactly_where_one_at_a_time_sampling_would() -> None:
+    rule = StoppingRule("asc", max_num_samples=40)
+    rng = random.Random(0)
+    for log_tau in (math.log(0.1), math.log(0.02), math.log(1e-4)):
+        for _ in range(200):
+            p = rng.choice([0.95, 0.7, 0.5])
+            stream = [0 if rng.random() < p else rng.randrange(1, 3) for _ in range(40)]
+            one = VoteState(1)
+            for key in stream:  # one at a time
+                if rule.is_done(*one.state(0), one.num_samples[0], log_tau):
+                    break
+                one.add(0, key)
+            waves = VoteState(1)
+            while m := rule.wave_size(*waves.state(0), waves.num_samples[0], log_tau):
+                for key in stream[waves.num_samples[0] : waves.num_samples[0] + m]:
+                    waves.add(0, key)
+            assert waves.num_samples[0] == one.num_samples[0]
+
+
+def test_a_first_wave_is_the_least_a_unanimous_question_needs() -> None:
+    rule = StoppingRule("asc", max_num_samples=64)
+    log_tau = math.log(0.03)
+    first = rule.wave_size(0, 0, 0, 0, log_tau)
+    assert asc_log_uncertainty(first, 0) <= log_tau < asc_log_uncertainty(first - 1, 0)
+    assert StoppingRule("asc", 64, min_growth=1.0).wave_size(3, 2, 2, 5, log_tau) >= 5
+
+
+def test_the_cap_is_a_multiple_of_the_budget_and_bounded_beyond_it() -> None:
+    assert StoppingRule.for_budget(8).max_num_samples == 40
+    assert StoppingRule.for_budget(3).max_num_samples == 24
+    assert StoppingRule.for_budget(3, cap=2).max_num_samples == 6
+
+
+def test_pacing_meets_the_budget_from_a_cold_start() -> None:
+    rng = random.Random(1)
+    rule = StoppingRule.for_budget(6)
+    pace = PacedThreshold(6)
+    for _ in range(300):
+        votes = VoteState(1)
+        p = rng.choice([0.95, 0.95, 0.95, 0.8, 0.6, 0.45])
+        while not rule.is_done(*votes.state(0), votes.num_samples[0], pace.log_tau):
+            votes.add(0, 0 if rng.random() < p else rng.randrange(1, 4))
+        pace.observe(votes.num_samples[0])
+    assert abs(pace.pacing_error) < 0.15
+    assert pace.mean_samples == pytest.approx(6, rel=0.15)
+
+
+def test_tau_rises_when_questions_overspend_and_falls_when_they_underspend() -> None:
+    high, low = PacedThreshold(8), PacedThreshold(8)
+    start = high.log_tau
+    for _ in range(10):
+        high.observe(20)
+        low.observe(2)
+    assert high.log_tau > start > low.log_tau
+    assert high.debt == 120 and low.debt == -60
+
+
+def test_a_quality_target_is_a_fixed_threshold() -> None:
+    fixed = PacedThreshold(None, log_tau=math.log(0.01))
+    fixed.observe(50)
+    assert fixed.tau == pytest.approx(0.01) and fixed.pacing_error == 0 and not fixed.paced
+
+
+def test_the_start_threshold_falls_with_the_budget() -> None:
+    values = [start_log_tau(b) for b in (1, 2, 5, 8, 20, 64, 1000)]
+    assert values == sorted(values, reverse=True)
+    assert all(math.log(1e-12) <= v < 0 for v in values)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: StoppingRule("bogus"),  # type: ignore[arg-type]
+        lambda: StoppingRule("asc", 0),
+        lambda: PacedThreshold(0.5),
+        lambda: PacedThreshold(None),
+        lambda: PacedThreshold(8, log_tau=1.0e3),
+    ],
+)
+def test_bad_settings_are_refused(make: object) -> None:
+    with pytest.raises(ValueError):
+        make()  # type: ignore[operator]

@@ -1,0 +1,140 @@
+"""The always-open pool on the replay engine: waves, stopping, pacing, leaving, failures."""
+
+import asyncio
+import math
+import random
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from blendserve.answers import extract
+from blendserve.engines.base import SamplingParams
+from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine
+from blendserve.errors import EngineUnavailable
+from blendserve.scheduler import AnswerEvent, Question
+from blendserve.scheduler.pool import Pool, PoolSpec
+
+from tests.support.fake_engine import SeedRecordingEngine
+
+T = TypeVar("T")
+
+
+async def _keyer(text: str) -> tuple[str | None, str | None]:
+    answer = extract(text, "number")
+    return answer, answer
+
+
+def _records(size: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    records = []
+    for i in range(size):
+        share = rng.choice([1.0, 0.9, 0.9, 0.7, 0.5])
+        answers = [str(i)] * round(20 * share) + [str(1000 + i)] * round(20 * (1 - share))
+        records.append({"id": f"q{i}", "answers": answers})
+    return records
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+def _question(i: int) -> Question:
+    return Question(f"q{i}", prompt=f"question {i}")
+
+
+def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
+    engine = ReplayEngine(_records(240), seed=1, latency=LatencyModel(fixed=0.001))
+    pool = Pool(PoolSpec(budget_per_question=5, answer_kind="number"), engine, _keyer)
+
+    async def stream() -> list[AnswerEvent]:
+        answers = []
+        for start in range(0, 240, 8):  # a client at concurrency 8
+            batch = [pool.submit(_question(i)) for i in range(start, start + 8)]
+            answers += await asyncio.gather(*batch)
+        return answers
+
+    answers = _run(stream())
+    samples = [a.samples for a in answers]
+    assert sum(samples) == engine.stats.samples == pool.threshold.num_samples
+    assert abs(sum(samples) / len(samples) / 5 - 1) < 0.15
+    assert max(samples) <= pool.rule.max_num_samples
+    clear = [
+        (i, a) for i, a in enumerate(answers) if _records(240)[i]["answers"].count(str(i)) != 10
+    ]
+    assert sum(a.answer == f"{i}" for i, a in clear) >= 0.95 * len(clear)
+    assert sum(a.settled_early for a in answers) >= 0.9 * len(answers)
+    assert all(a.samples == sum(a.votes.values()) for a in answers)
+    # Waves: a question needs few engine requests, not one per sample.
+    assert engine.stats.requests < 0.5 * engine.stats.samples
+    assert pool.num_rounds / len(answers) <= 3
+
+
+def test_a_quality_target_stops_each_question_at_its_confidence() -> None:
+    engine = ReplayEngine(_records(30, seed=2), seed=3)
+    pool = Pool(PoolSpec(budget_per_question=None, target=0.01), engine, _keyer)
+
+    async def ask() -> list[AnswerEvent]:
+        return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(30))))
+
+    for answer in _run(ask()):
+        assert answer.settled_early == (answer.confidence.asc <= 0.01)
+        assert answer.settled_early or answer.samples == 64
+
+
+def test_first_waves_go_before_top_ups_within_the_concurrency() -> None:
+    engine = ReplayEngine(_records(20), seed=4, latency=LatencyModel(fixed=0.002))
+    pool = Pool(PoolSpec(budget_per_question=4, concurrency=3), engine, _keyer)
+
+    async def ask() -> list[AnswerEvent]:
+        return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(20))))
+
+    answers = _run(ask())
+    assert len(answers) == 20 and engine.stats.max_sequences_in_flight <= 3
+    assert pool._free == 3 and not pool._waiting
+
+
+def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
+    engine = ReplayEngine(_records(2), seed=5, latency=LatencyModel(fixed=10.0))
+    pool = Pool(PoolSpec(budget_per_question=4), engine, _keyer)
+
+    async def leave() -> None:
+        task = pool.submit(_question(0))
+        while engine.stats.in_flight == 0:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.stats.in_flight == 0 and pool.num_open == 0
+
+    _run(leave())
+    assert pool.threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+
+
+def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
+    engine = ReplayEngine(_records(1), faults=FaultConfig(error_rate=1.0))
+    pool = Pool(PoolSpec(budget_per_question=4, max_consecutive_failures=3), engine, _keyer)
+
+    async def ask() -> AnswerEvent:
+        return await pool.submit(_question(0))
+
+    with pytest.raises(EngineUnavailable):
+        _run(ask())
+    assert math.isfinite(pool.tau)
+
+
+def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
+    records = [{"id": f"q{i}", "answers": ["1", "2", "3"]} for i in range(4)]
+    engine = SeedRecordingEngine(records)
+    spec = PoolSpec(budget_per_question=6, answer_kind="number", sampling=SamplingParams(seed=7))
+    pool = Pool(spec, engine, _keyer)
+
+    async def ask() -> list[AnswerEvent]:
+        answers = await asyncio.gather(*(pool.submit(_question(i)) for i in range(4)))
+        await pool.aclose()
+        return answers
+
+    answers = _run(ask())
+    for answer in answers:
+        seeds = engine.seeds[answer.id]
+        assert len(seeds) == answer.samples > 1
+        assert sorted(seeds) == list(range(7, 7 + len(seeds)))
