@@ -14,7 +14,10 @@ inputs such as ``10^{10^{10}}``, so:
   under a hard deadline (default 2 s); a worker past it is killed and replaced
   and the answer keys as a normalised string;
 * keys are cached per distinct (cleaned) answer, so 40 samples with 4 distinct
-  answers parse 4 times, and concurrent requests for one answer parse it once.
+  answers parse 4 times, and concurrent requests for one answer parse it once;
+* the workers are shared fairly between owners (:class:`KeyOwner`, one per
+  job): the owner that has used them least goes next, so a job whose answers
+  are slow never queues another job's quick answers behind its own.
 
 :func:`acanonical_key` and :func:`aextract_key` never block an event loop: any
 work that may wait on the pool runs on a small thread executor. Workers stop at
@@ -28,10 +31,15 @@ standard ``re`` search runs in the worker pool under a 1 s deadline instead.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
+import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
@@ -55,6 +63,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "KINDS",
     "CacheInfo",
+    "KeyOwner",
     "acanonical_key",
     "aextract_key",
     "cache_info",
@@ -72,6 +81,8 @@ DEFAULT_DEADLINE_S = 2.0
 _RE_POOL_DEADLINE_S = 1.0
 _DEFAULT_CACHE_SIZE = 65_536
 _DEFAULT_WORKERS = 1
+#: Threads that wait for a worker; each waiting owner needs one to take its turn.
+_KEY_THREADS = 64
 
 
 class CacheInfo(NamedTuple):
@@ -92,6 +103,59 @@ class CacheInfo(NamedTuple):
     errors: int
 
 
+class KeyOwner:
+    """Whose math keys are asked for (one job): the sympy workers are shared between owners."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Turns:
+    """Gives the sympy workers to waiting calls, least-served owner first.
+
+    An owner's service is the wall time its calls held a worker; of two owners
+    with equal service the one with fewer calls running goes first, then the
+    earlier arrival. An owner is forgotten when it is garbage collected.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._waiting: list[tuple[KeyOwner, int]] = []  # (owner, arrival)
+        self._arrivals = itertools.count()
+        self._served: weakref.WeakKeyDictionary[KeyOwner, float] = weakref.WeakKeyDictionary()
+        self._calls: weakref.WeakKeyDictionary[KeyOwner, int] = weakref.WeakKeyDictionary()
+
+    def _rank(self, entry: tuple[KeyOwner, int]) -> tuple[float, int, int]:
+        owner, arrival = entry
+        return self._served.get(owner, 0.0), self._calls.get(owner, 0), arrival
+
+    @contextmanager
+    def turn(self, owner: KeyOwner, capacity: int) -> Iterator[None]:
+        """Holds one of ``capacity`` workers for ``owner`` while the block runs."""
+        with self._cond:
+            entry = (owner, next(self._arrivals))
+            self._waiting.append(entry)
+            self._cond.wait_for(
+                lambda: self._running < capacity and min(self._waiting, key=self._rank) is entry
+            )
+            self._waiting.remove(entry)
+            self._running += 1
+            self._calls[owner] = self._calls.get(owner, 0) + 1
+            self._cond.notify_all()
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._calls[owner] -= 1
+                self._served[owner] = self._served.get(owner, 0.0) + time.monotonic() - start
+                self._cond.notify_all()
+
+
+_SHARED_OWNER = KeyOwner()  # callers that name no owner
+
+
 class _State:
     """Module state: settings, the pool, the cache and the executor (guarded by ``lock``)."""
 
@@ -105,6 +169,7 @@ class _State:
         self.cache: OrderedDict[str, str] = OrderedDict()  # cleaned answer -> key
         self.aliases: OrderedDict[str, str] = OrderedDict()  # raw answer -> key
         self.inflight: dict[str, Future[str]] = {}
+        self.turns = _Turns()
         self.hits = self.misses = self.timeouts = self.errors = 0
 
     def after_fork(self) -> None:
@@ -113,6 +178,7 @@ class _State:
         self.pool = None
         self.executor = None
         self.inflight = {}
+        self.turns = _Turns()
 
     def get_pool(self) -> SympyPool:
         with self.lock:
@@ -124,7 +190,8 @@ class _State:
         with self.lock:
             if self.executor is None:
                 self.executor = ThreadPoolExecutor(
-                    max_workers=max(4, 2 * self.workers), thread_name_prefix="blendserve-keys"
+                    max_workers=max(_KEY_THREADS, 2 * self.workers),
+                    thread_name_prefix="blendserve-keys",
                 )
             return self.executor
 
@@ -267,24 +334,25 @@ def _quick_math_key(answer: str) -> tuple[str | None, str]:
     return key, cleaned
 
 
-def _math_key(answer: str) -> str:
+def _math_key(answer: str, owner: KeyOwner = _SHARED_OWNER) -> str:
     quick, cleaned = _quick_math_key(answer)
     if quick is not None:
         return quick
     with _state.lock:
         future = _state.inflight.get(cleaned)
-        owner = future is None
+        first = future is None
         if future is None:
             future = _state.inflight[cleaned] = Future()
             _state.misses += 1
         else:
             _state.hits += 1
-    if not owner:
+    if not first:
         return future.result()
     key = math_fallback_key(cleaned)
     cacheable = True
     try:
-        key = _state.get_pool().call(sympy_key, cleaned, deadline=_state.deadline)
+        with _state.turns.turn(owner, _state.workers):
+            key = _state.get_pool().call(sympy_key, cleaned, deadline=_state.deadline)
     except WorkerTimeout:
         with _state.lock:
             _state.timeouts += 1
@@ -325,8 +393,13 @@ def canonical_key(answer: str, kind: str) -> str:
     return exact_key(answer)
 
 
-async def acanonical_key(answer: str, kind: str) -> str:
+async def acanonical_key(answer: str, kind: str, owner: KeyOwner | None = None) -> str:
     """:func:`canonical_key` for an event loop: sympy work runs off the loop's thread.
+
+    Args:
+        answer: an extracted answer.
+        kind: its answer kind.
+        owner: whose key it is (one per job), for a fair share of the workers.
 
     Raises:
         ValueError: unknown kind.
@@ -338,7 +411,9 @@ async def acanonical_key(answer: str, kind: str) -> str:
     if quick is not None:
         return quick
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_state.get_executor(), _math_key, answer)
+    return await loop.run_in_executor(
+        _state.get_executor(), _math_key, answer, owner or _SHARED_OWNER
+    )
 
 
 async def aextract_key(text: str, kind: str, pattern: str | None = None) -> str | None:

@@ -57,7 +57,10 @@ class FakeState:
     ``fault_seed``: ``error_rate`` (a 500), ``timeout_rate`` (no answer until
     the client leaves; streamed: silence after the first chunk), ``drop_rate``
     (the connection drops after the headers), ``slow_rate`` (``slow_latency``
-    more seconds first).
+    more seconds first). Hostile upstreams: ``retry_after`` (answer every
+    completion request 429 with this ``Retry-After``), ``endless`` (a streamed
+    answer that never ends), ``pad_bytes`` (each text padded to this size).
+    ``authorizations`` records each completion request's ``Authorization``.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
@@ -79,6 +82,10 @@ class FakeState:
     slow_rate: float = 0.0
     slow_latency: float = 0.0
     fault_seed: int = 0
+    retry_after: str | None = None
+    endless: bool = False
+    pad_bytes: int = 0
+    authorizations: list[str | None] = field(default_factory=list)
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
@@ -98,7 +105,7 @@ class FakeState:
         text = f"{self.name}:{self._serial}"
         if self.answers:
             text += f" so the answer is {self._rng.choice(self.answers)}"
-        return text
+        return text + " " * (self.pad_bytes - len(text))
 
     def draw_fault(self) -> str | None:
         """The fault to inject into the next completion request, if any."""
@@ -116,7 +123,8 @@ class FakeState:
         return None
 
     def stats(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "bodies" and not k.startswith("_")}
+        hidden = ("bodies", "authorizations")
+        return {k: v for k, v in asdict(self).items() if k not in hidden and not k.startswith("_")}
 
 
 _HANG_S = 3600.0  # an injected timeout: longer than any test waits
@@ -162,6 +170,9 @@ async def _chunks(
 ) -> AsyncIterator[str]:
     """``texts`` as OpenAI's streamed chunks; ``stall``: silence after the first chunk."""
     try:
+        while state.endless:  # a hostile upstream: chunks for ever
+            yield _event({"choices": [{"index": 0, "delta": {"content": "x" * 4096}}]})
+            await asyncio.sleep(0)
         for i, text in enumerate(texts):
             piece = {"index": i, "delta": {"content": text}} if chat else {"index": i, "text": text}
             yield _event({"choices": [piece]})
@@ -195,6 +206,10 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
         state.requests += 1
         if state.record:
             state.bodies.append(body)
+            state.authorizations.append(request.headers.get("authorization"))
+        if state.retry_after is not None:
+            error = {"error": {"message": "slow down"}}
+            return JSONResponse(error, 429, headers={"Retry-After": state.retry_after})
         fault = state.draw_fault()
         if state.fail_next > 0 or fault == "error":
             state.fail_next = max(0, state.fail_next - 1)

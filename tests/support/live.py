@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 from blendserve.engines.base import Engine
+from blendserve.service.connections import ConnectionTimeouts, timed_protocol
 from fastapi import FastAPI
 
 
@@ -19,11 +20,16 @@ class LiveServer:
     Args:
         app: the application.
         timeout: seconds to wait for startup and shutdown.
+        connections: client connection deadlines (the service's protocol, as
+            ``blendserve serve`` runs it); None: uvicorn's plain h11.
     """
 
-    def __init__(self, app: FastAPI, timeout: float = 20.0) -> None:
+    def __init__(
+        self, app: FastAPI, timeout: float = 20.0, connections: ConnectionTimeouts | None = None
+    ) -> None:
+        http = timed_protocol(connections) if connections is not None else "h11"
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, loop="asyncio", http="h11", log_level="warning",
+            app, host="127.0.0.1", port=0, loop="asyncio", http=http, log_level="warning",
             access_log=False, timeout_graceful_shutdown=2,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
@@ -67,4 +73,7 @@ def serve_engine(engine: Engine, **settings: Any) -> LiveServer:
         return engine
 
     options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
-    return LiveServer(create_app(Settings(**options), engine_factory=factory))
+    config = Settings(**options)
+    return LiveServer(
+        create_app(config, engine_factory=factory), connections=config.connection_timeouts()
+    )

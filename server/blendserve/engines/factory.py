@@ -37,6 +37,8 @@ class EngineConfig:
         stall_timeout: stream upstream requests and fail an attempt silent this
             long (a hung upstream); None: non-streamed, bounded by ``timeout``.
         replay_latency: seconds each replay request takes.
+        max_response_bytes: the largest upstream response body read.
+        max_retry_after: the longest upstream ``Retry-After`` a request waits for.
     """
 
     kind: EngineKind = "auto"
@@ -52,6 +54,8 @@ class EngineConfig:
     session_header: str | None = None
     stall_timeout: float | None = None
     replay_latency: float = 0.0
+    max_response_bytes: int = 64 << 20
+    max_retry_after: float = 30.0
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -87,6 +91,8 @@ async def build_engine(config: EngineConfig) -> Engine:
             stream=config.stall_timeout is not None,
             stall_timeout=config.stall_timeout,
             session_header=config.session_header,
+            max_response_bytes=config.max_response_bytes,
+            max_retry_after=config.max_retry_after,
         )
     if kind == "replay":
         if config.data is None:

@@ -22,7 +22,14 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * 429, 5xx and transport errors are retried at most ``max_retries`` times. A
   retry goes at once to a healthy replica this call has not tried, if any;
   otherwise it waits a jittered exponential backoff, or ``Retry-After`` when
-  given (capped at 30 s). Other statuses are not retried.
+  given (capped at 30 s); a ``Retry-After`` longer than ``max_retry_after``
+  ends the call at once instead. Other statuses are not retried.
+* A response body over ``max_response_bytes`` (an upstream that never stops
+  streaming, a runaway completion) fails the attempt as unusable; a forwarded
+  reply is cut off there.
+* Credentials in a base URL (``http://user:password@host/v1``) are sent as
+  HTTP basic auth to that replica and never shown: replicas are named by
+  their URL without them (``/health``, metrics labels, error messages).
 * Errors: :class:`~blendserve.errors.EngineTimeout` when the call's deadline
   (``request.timeout`` or the engine's ``timeout``, covering retries) passes;
   :class:`~blendserve.errors.EngineUnavailable` when retries are exhausted or
@@ -42,12 +49,14 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import json
 import logging
 import math
 import random
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -64,7 +73,7 @@ from blendserve.errors import (
     RequestValidationError,
 )
 
-__all__ = ["OpenAIEngine", "normalise_base_url"]
+__all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
 
 _log = logging.getLogger(__name__)
 
@@ -92,10 +101,36 @@ def normalise_base_url(url: str) -> str:
     try:
         parsed = httpx.URL(base)
     except httpx.InvalidURL as exc:
-        raise ValueError(f"not an http(s) base URL: {url!r}") from exc
+        raise ValueError(f"not an http(s) base URL: {_without_userinfo(url)!r}") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"not an http(s) base URL: {url!r}")
+        raise ValueError(f"not an http(s) base URL: {_without_userinfo(url)!r}")
     return base if base.endswith("/v1") else base + "/v1"
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}" if sep else url
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """``url`` normalised and without its userinfo, and the ``Authorization`` it stands for.
+
+    ``http://user:pw@host:8000`` gives ``("http://host:8000/v1", "Basic dXNlcjpwdw==")``;
+    a URL without userinfo gives None.
+
+    Raises:
+        ValueError: not an absolute http(s) URL.
+    """
+    base = normalise_base_url(url)
+    parsed = httpx.URL(base)
+    if not parsed.userinfo:
+        return base, None
+    user = urllib.parse.unquote(parsed.username)
+    secret = f"{user}:{urllib.parse.unquote(parsed.password or '')}".encode()
+    return str(parsed.copy_with(username=None, password=None)), (
+        "Basic " + base64.b64encode(secret).decode()
+    )
 
 
 class OpenAIEngine(Engine):
@@ -127,6 +162,10 @@ class OpenAIEngine(Engine):
         session_header: a header carrying the question id on every request, for
             a router in front of several replicas that routes on it (vLLM
             production-stack's session routing).
+        max_response_bytes: the largest upstream response body read.
+        max_retry_after: the longest ``Retry-After`` waited for; an upstream
+            asking for longer fails the call at once (a job's own failure
+            timeout then decides, not the upstream).
     """
 
     name = "openai"
@@ -151,6 +190,8 @@ class OpenAIEngine(Engine):
         stream: bool = False,
         stall_timeout: float | None = None,
         session_header: str | None = None,
+        max_response_bytes: int = 64 << 20,
+        max_retry_after: float = _MAX_RETRY_AFTER,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
@@ -169,8 +210,11 @@ class OpenAIEngine(Engine):
             raise ValueError(f"stall_timeout needs stream=True and > 0, got {stall_timeout}")
         if max_retries < 0 or backoff_base < 0 or max_connections < 1:
             raise ValueError("max_retries and backoff_base must be >= 0, max_connections >= 1")
+        if max_response_bytes < 1 or max_retry_after < 0:
+            raise ValueError("max_response_bytes must be >= 1, max_retry_after >= 0")
+        bases = [split_credentials(u) for u in urls]
         self._replicas = ReplicaSet(
-            [normalise_base_url(u) for u in urls],
+            [base for base, _ in bases],
             failure_threshold=failure_threshold,
             affinity_slack=affinity_slack,
         )
@@ -183,6 +227,8 @@ class OpenAIEngine(Engine):
         self._stream = stream
         self._session_header = session_header
         self._probe_interval = probe_interval
+        self._max_retry_after = max_retry_after
+        self._forward_timeout = stall_timeout or timeout
         self._rng = random.Random()
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -193,6 +239,8 @@ class OpenAIEngine(Engine):
             connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
             transport=transport,
+            credentials={base: auth for base, auth in bases if auth},
+            max_response_bytes=max_response_bytes,
         )
 
     @property
@@ -380,6 +428,8 @@ class OpenAIEngine(Engine):
                 continue
             if self._replicas.pick(key, rotate=False) is None:
                 continue  # every breaker is open: the next acquire fails now, no backoff
+            if wait is not None and wait > self._max_retry_after:
+                break  # the upstream asks for longer than a retry may wait
             delay = self._backoff(attempt) if wait is None else wait
             if loop.time() + delay >= deadline:
                 break
@@ -431,7 +481,9 @@ class OpenAIEngine(Engine):
                 break
             tried.append(replica)
             try:
-                raw, shard = await self._pool.open(replica.url, path, encoded)
+                raw, shard = await self._pool.open(
+                    replica.url, path, encoded, self._forward_timeout
+                )
             except httpx.HTTPError as exc:
                 self._replicas.release(replica)
                 self._failed(replica)
@@ -452,7 +504,7 @@ class OpenAIEngine(Engine):
         self, raw: httpx.Response, replica: Replica, shard: int
     ) -> AsyncIterator[bytes]:
         try:
-            async for chunk in raw.aiter_raw():
+            async for chunk in self._pool.capped(raw.aiter_raw(), raw.request):
                 yield chunk
         finally:
             await raw.aclose()
@@ -566,6 +618,8 @@ class _Pool:
         connect_timeout: float,
         transport: httpx.AsyncBaseTransport | None,
         stall_timeout: float | None = None,
+        credentials: Mapping[str, str] | None = None,
+        max_response_bytes: int = 64 << 20,
     ) -> None:
         self._owned: list[httpx.AsyncBaseTransport]
         if transport is not None:
@@ -587,10 +641,17 @@ class _Pool:
             }
             self._owned = [t for shards in self._shards.values() for t in shards]
         self._busy = {base: [0] * len(shards) for base, shards in self._shards.items()}
-        self._get_headers = [("user-agent", "blendserve")]
-        if api_key:
-            self._get_headers.append(("authorization", f"Bearer {api_key}"))
-        self._post_headers = [*self._get_headers, ("content-type", "application/json")]
+        self._max_response_bytes = max_response_bytes
+        # Per base: a URL's own credentials win over the engine's bearer key.
+        self._get_headers: dict[str, list[tuple[str, str]]] = {}
+        self._post_headers: dict[str, list[tuple[str, str]]] = {}
+        for base in bases:
+            auth = (credentials or {}).get(base) or (f"Bearer {api_key}" if api_key else None)
+            get = [("user-agent", "blendserve")]
+            if auth:
+                get.append(("authorization", auth))
+            self._get_headers[base] = get
+            self._post_headers[base] = [*get, ("content-type", "application/json")]
         # The call deadline bounds reads, writes and pool waits; connects get their own.
         self._timeout = {"timeout": httpx.Timeout(None, connect=connect_timeout).as_dict()}
         # Streamed samples arrive token by token: a silence longer than this is a hang.
@@ -622,19 +683,25 @@ class _Pool:
             "POST",
             self._url(base + path),
             content=body,
-            headers=[*self._post_headers, *headers] if headers else self._post_headers,
+            headers=[*self._post_headers[base], *headers] if headers else self._post_headers[base],
             extensions=self._streamed_timeout if collect_stream else self._timeout,
         )
         return await self._send(base, request, collect_stream)
 
-    async def open(self, base: str, path: str, body: bytes) -> tuple[httpx.Response, int]:
-        """POSTs; returns the response unread and the shard to give to :meth:`done`."""
+    async def open(
+        self, base: str, path: str, body: bytes, read_timeout: float
+    ) -> tuple[httpx.Response, int]:
+        """POSTs; returns the response unread and the shard to give to :meth:`done`.
+
+        The upstream may stay silent ``read_timeout`` seconds at most, first byte included.
+        """
+        timeout = httpx.Timeout(None, connect=self._timeout["timeout"]["connect"])
         request = httpx.Request(
             "POST",
             self._url(base + path),
             content=body,
-            headers=self._post_headers,
-            extensions=self._timeout,
+            headers=self._post_headers[base],
+            extensions={"timeout": {**timeout.as_dict(), "read": read_timeout}},
         )
         busy = self._busy[base]
         shard = min(range(len(busy)), key=busy.__getitem__)
@@ -659,7 +726,7 @@ class _Pool:
         """A GET (``body`` None) or JSON POST to any ``url`` of replica ``base``, read in full."""
         extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
         method, headers = (
-            ("GET", self._get_headers) if body is None else ("POST", self._post_headers)
+            ("GET", self._get_headers[base]) if body is None else ("POST", self._post_headers[base])
         )
         request = httpx.Request(
             method, self._url(url), content=body, headers=headers, extensions=extensions
@@ -677,16 +744,39 @@ class _Pool:
             try:
                 if collect_stream and raw.is_success:
                     # Closing mid-stream (cancellation) makes the upstream stop generating.
-                    response = httpx.Response(200, json=await _collect_events(raw))
+                    lines = _lines(self.capped(raw.aiter_bytes(), request))
+                    response = httpx.Response(200, json=await _collect_events(lines))
                 else:
-                    await raw.aread()
-                    response = raw
+                    content = b"".join([c async for c in self.capped(raw.aiter_bytes(), request)])
+                    headers = [
+                        (name, value)
+                        for name, value in raw.headers.multi_items()
+                        if name not in ("content-encoding", "content-length")  # decoded here
+                    ]
+                    response = httpx.Response(raw.status_code, headers=headers, content=content)
             finally:
                 await raw.aclose()
         finally:
             busy[shard] -= 1
         response.request = request
         return response
+
+    async def capped(
+        self, chunks: AsyncIterator[bytes], request: httpx.Request
+    ) -> AsyncIterator[bytes]:
+        """``chunks`` while their total stays within the response size limit.
+
+        Raises:
+            httpx.DecodingError: the limit was passed (an unusable response).
+        """
+        received = 0
+        async for chunk in chunks:
+            received += len(chunk)
+            if received > self._max_response_bytes:
+                raise httpx.DecodingError(
+                    f"response over {self._max_response_bytes} bytes", request=request
+                )
+            yield chunk
 
     async def aclose(self) -> None:
         for transport in self._owned:
@@ -782,14 +872,28 @@ def _samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
     return samples
 
 
-async def _collect_events(response: httpx.Response) -> dict[str, Any]:
-    """Assembles a streamed completion (server-sent chunks) into the non-streamed shape."""
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The UTF-8 text lines of a byte stream (``chunks`` bound how much one line holds)."""
+    pending = bytearray()
+    async for chunk in chunks:
+        pending += chunk
+        if b"\n" in chunk:
+            *complete, rest = bytes(pending).split(b"\n")
+            pending = bytearray(rest)
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+async def _collect_events(lines: AsyncIterator[str]) -> dict[str, Any]:
+    """Assembles a streamed completion (server-sent lines) into the non-streamed shape."""
     texts: dict[int, list[str]] = {}
     finish: dict[int, Any] = {}
     usage: Any = None
     num_chunks = 0
     chat = False
-    async for line in response.aiter_lines():
+    async for line in lines:
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
         try:

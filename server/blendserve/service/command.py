@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from blendserve.service.app import create_app
+    from blendserve.service.connections import timed_protocol
     from blendserve.service.shutdown import DrainingServer
 
     try:
@@ -107,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_keep_alive=settings.keep_alive_s,
+        http=timed_protocol(settings.connection_timeouts()),
     )
+    _raise_descriptor_limit()
     # After its graceful shutdown uvicorn raises the signal again under the handler
     # found at startup; with the default one SIGTERM would kill the process now,
     # and a clean drain would look like a crash (exit 143). It is handled: exit 0.
@@ -121,6 +124,23 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     # uvicorn's own exit code when the app or the socket could not start
     return 0 if server.started else 3
+
+
+def _raise_descriptor_limit() -> None:
+    """Lifts the soft limit on open descriptors to the hard one.
+
+    Every client connection holds a descriptor until a deadline closes it; with
+    the usual soft limit of 1,024 a burst of slow clients would make ``accept``
+    fail for everyone, ``/health`` included.
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # not on this platform, or not allowed
+        pass
 
 
 def _drained(signum: int, frame: FrameType | None) -> None:

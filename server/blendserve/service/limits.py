@@ -118,11 +118,23 @@ class Admission:
 
 
 class Slot:
-    """What one admitted request holds; :meth:`release` gives it back (once)."""
+    """What one admitted request holds; :meth:`release` gives it back (once).
+
+    A question slot can be given back early, once its question is answered
+    (:meth:`answered`): a long job, or a stream its client reads slowly, then
+    holds only the questions still running.
+    """
 
     def __init__(self, admission: Admission, questions: int) -> None:
         self._admission: Admission | None = admission
         self._questions = questions
+
+    def answered(self, questions: int = 1) -> None:
+        """Gives back ``questions`` question slots (at most those still held)."""
+        count = min(questions, self._questions)
+        if self._admission is not None and count > 0:
+            self._admission.questions -= count
+            self._questions -= count
 
     def release(self) -> None:
         """Gives the slots back; later calls do nothing."""
@@ -148,7 +160,7 @@ class HeldStreamingResponse(StreamingResponse):
 
     def __init__(
         self,
-        content: AsyncIterator[str],
+        content: AsyncIterator[str] | AsyncIterator[bytes],
         slot: Slot,
         *,
         on_close: Callable[[], None] | None = None,
@@ -173,7 +185,10 @@ class HeldStreamingResponse(StreamingResponse):
 
 
 class BodySizeLimit:
-    """Answers 413 to a request body over ``max_bytes``, declared or streamed."""
+    """Answers 413 to a request body over ``max_bytes``, declared or streamed.
+
+    The 413 closes the connection: the rest of the body is never read.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -192,9 +207,9 @@ class BodySizeLimit:
         received = 0
         while True:
             message = await receive()
-            messages.append(message)
             if message["type"] != "http.request":
-                break
+                return  # the client left (or a body deadline passed) before its body was in
+            messages.append(message)
             received += len(message.get("body", b""))
             if received > self.max_bytes:
                 await self._refuse(send)
@@ -218,6 +233,10 @@ class BodySizeLimit:
                 }
             }
         ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})

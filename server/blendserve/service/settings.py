@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.engines.factory import EngineConfig, EngineKind
+from blendserve.service.connections import ConnectionTimeouts
 from blendserve.service.solve.schemas import check_policy
 
 __all__ = ["Settings"]
@@ -36,6 +37,9 @@ class Settings(BaseSettings):
     upstream_stall_timeout: float | None = Field(
         None, gt=0, description="stream upstream requests; fail one silent this long"
     )
+    upstream_max_response_bytes: int = Field(
+        64 << 20, ge=1024, description="an upstream response over this fails (or is cut)"
+    )
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
@@ -61,6 +65,10 @@ class Settings(BaseSettings):
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"
     keep_alive_s: int = Field(75, ge=1, description="idle client connections are kept this long")
+    # Slow or silent clients (see blendserve.service.connections).
+    header_timeout_s: float = Field(10.0, gt=0, description="a request's headers arrive within")
+    body_timeout_s: float = Field(60.0, gt=0, description="a request's body arrives within")
+    write_timeout_s: float = Field(30.0, gt=0, description="a client reading nothing is cut")
     replay_latency_s: float = Field(0.0, ge=0, description="replay engine: seconds a request")
     # Security and limits (see the README's "Security and limits").
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
@@ -82,10 +90,14 @@ class Settings(BaseSettings):
 
     @field_validator("upstreams", "api_keys", mode="before")
     @classmethod
-    def _split_commas(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+    def _split_commas(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        parts = tuple(part.strip() for part in value.split(",") if part.strip())
+        if info.field_name == "api_keys" and value and not parts:
+            # " , " must not leave the service open; an empty value is unset.
+            raise ValueError("no key in the list (leave it empty for an open service)")
+        return parts
 
     def keys(self) -> frozenset[str]:
         """The API keys that open the service: ``api_keys`` and ``api_key_file``'s lines.
@@ -106,6 +118,10 @@ class Settings(BaseSettings):
             keys.update(in_file)
         return frozenset(keys)
 
+    def connection_timeouts(self) -> ConnectionTimeouts:
+        """The deadlines of client connections."""
+        return ConnectionTimeouts(self.header_timeout_s, self.body_timeout_s, self.write_timeout_s)
+
     def engine_config(self) -> EngineConfig:
         """The engine part of these settings."""
         return EngineConfig(
@@ -121,4 +137,6 @@ class Settings(BaseSettings):
             session_header=self.session_header,
             stall_timeout=self.upstream_stall_timeout,
             replay_latency=self.replay_latency_s,
+            max_response_bytes=self.upstream_max_response_bytes,
+            max_retry_after=self.job_failure_timeout,
         )

@@ -39,6 +39,7 @@ __all__ = [
     "RegexUnavailable",
     "check_kind",
     "extract",
+    "pattern_size",
     "search_re",
     "search_regex",
 ]
@@ -48,6 +49,13 @@ KINDS: tuple[str, ...] = ("auto", "number", "math", "choice", "regex", "exact")
 
 #: Wall-clock limit for one ``regex`` kind search; past it the sample abstains.
 REGEX_TIMEOUT_S = 0.25
+
+#: Largest size of a ``regex`` kind pattern, counted as :func:`pattern_size` does:
+#: the ``regex`` module unrolls counted repeats when it compiles, so
+#: ``(a{10000}){700}`` would cost seconds and gigabytes (compiling 2,000 takes
+#: well under a millisecond).
+MAX_PATTERN_SIZE = 2_000
+_COUNTED = re.compile(r"\{(\d*)(?:,(\d*))?\}")
 
 #: Only this many characters after "the answer is" are read.
 _TAIL_CHARS = 300
@@ -217,8 +225,59 @@ def _extract_choice(text: str) -> str | None:
     return best[1] if best is not None else None
 
 
-@lru_cache(maxsize=256)
+def pattern_size(pattern: str) -> int:
+    """Items of ``pattern`` once its counted repeats are unrolled: ``(ab){3}x{2,5}`` is 11.
+
+    An upper bound (alternatives add up, a set counts 1); ``*``, ``+`` and ``?``
+    do not unroll and count once.
+    """
+    # One frame per open group: [size so far, size of the last item].
+    frames = [[0, 0]]
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        item = 1
+        if char == "\\":
+            i += 1
+            if pattern[i : i + 1] in ("p", "P", "N", "x") and pattern[i + 1 : i + 2] == "{":
+                i = pattern.find("}", i) % (len(pattern) + 1)  # \p{Letter}: not a repeat
+        elif char == "[":
+            i += 1
+            i += pattern[i : i + 1] == "^"
+            i += pattern[i : i + 1] == "]"
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif char == "(":
+            frames.append([0, 0])
+            i += 1
+            continue
+        elif char == ")" and len(frames) > 1:
+            item = frames.pop()[0]
+        elif char == "{" and (counted := _COUNTED.match(pattern, i)) and any(counted.groups()):
+            times = max(int(n) for n in counted.groups() if n)
+            frame = frames[-1]
+            frame[0] += frame[1] * (times - 1)
+            frame[1] *= times
+            i = counted.end()
+            continue
+        frames[-1][0] += item
+        frames[-1][1] = item
+        i += 1
+    return sum(frame[0] for frame in frames)
+
+
+def _check_size(pattern: str) -> None:
+    size = pattern_size(pattern)
+    if size > MAX_PATTERN_SIZE:
+        raise ValueError(
+            f"answer pattern unrolls to {size} items (counted repeats multiply): "
+            f"at most {MAX_PATTERN_SIZE}"
+        )
+
+
+@lru_cache(maxsize=64)
 def _compile(pattern: str) -> Any:
+    _check_size(pattern)
     if _regex_module is None:  # pragma: no cover - depends on the environment
         raise RegexUnavailable("the 'regex' module is not installed")
     try:
@@ -241,7 +300,7 @@ def search_regex(text: str, pattern: str, timeout: float = REGEX_TIMEOUT_S) -> s
     backtracking pattern abstains (None) instead of hanging.
 
     Raises:
-        ValueError: the pattern does not compile.
+        ValueError: the pattern does not compile or unrolls past :data:`MAX_PATTERN_SIZE`.
         RegexUnavailable: the ``regex`` module is not installed.
     """
     compiled = _compile(pattern)
@@ -260,6 +319,7 @@ def search_re(text: str, pattern: str) -> str | None:
     Raises:
         ValueError: the pattern does not compile.
     """
+    _check_size(pattern)
     try:
         compiled = re.compile(pattern)
     except re.error as exc:

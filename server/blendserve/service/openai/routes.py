@@ -33,6 +33,7 @@ from blendserve.service.openai.schemas import (
     CompletionRequest,
 )
 from blendserve.service.settings import Settings
+from blendserve.service.solve.schemas import check_extra
 
 __all__ = ["router"]
 
@@ -103,6 +104,7 @@ async def _self_consistent(
         sampling=body.sampling(max_tokens, temperature),
         model=body.model,
     )
+    check_extra(group.sampling.extra)
     limits: JobLimits = request.app.state.limits
     questions_param, prompts = _prompt_fields(body, [q.prompt or q.messages for q in questions])
     limits.check(
@@ -180,15 +182,23 @@ async def _pass_through(
     raw: dict[str, Any] = await request.json()
     raw.pop("blendserve", None)
     engine: Engine = request.app.state.engine
+    # Held until the reply has been relayed: passed-through requests count as jobs too.
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    slot: Slot = request.app.state.admission.admit(1, param=param)
     try:
         reply = await while_connected(request, engine.forward(path, raw))
     except ClientGone:
+        slot.release()
         return Response(status_code=499)
+    except BaseException:
+        slot.release()
+        raise
     if reply is None:
+        slot.release()
         return await _emulate(request, body)
     headers = _SSE_HEADERS if reply.content_type.startswith("text/event-stream") else None
-    return StreamingResponse(
-        reply.body, status_code=reply.status, media_type=reply.content_type, headers=headers
+    return HeldStreamingResponse(
+        reply.body, slot, status_code=reply.status, media_type=reply.content_type, headers=headers
     )
 
 

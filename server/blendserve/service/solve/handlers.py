@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
 
@@ -21,6 +21,7 @@ from blendserve.scheduler import (
     ProgressEvent,
     Question,
 )
+from blendserve.service.limits import Slot
 from blendserve.service.settings import Settings
 from blendserve.service.solve.schemas import (
     AnswerOut,
@@ -41,8 +42,13 @@ _STATUS = {
 
 
 def make_keyer(kind: str, pattern: str | None) -> Keyer:
-    """``text -> (answer, canonical key)`` for one answer format, off the event loop."""
-    from blendserve.answers import acanonical_key, extract
+    """``text -> (answer, canonical key)`` for one answer format, off the event loop.
+
+    Each keyer (one per job) is its own owner of the sympy workers' time.
+    """
+    from blendserve.answers import KeyOwner, acanonical_key, extract
+
+    owner = KeyOwner()
 
     async def keyer(text: str) -> tuple[str | None, str | None]:
         if kind == "regex":  # a caller's pattern may be slow: never on the loop's thread
@@ -51,7 +57,7 @@ def make_keyer(kind: str, pattern: str | None) -> Keyer:
             answer = extract(text, kind)
         if answer is None:
             return None, None
-        return answer, await acanonical_key(answer, kind)
+        return answer, await acanonical_key(answer, kind, owner)
 
     return keyer
 
@@ -107,10 +113,24 @@ def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
     )
 
 
-async def collect(job: Job) -> SolveResponse:
-    """Runs the job to the end and returns every answer in question order."""
-    answers: list[AnswerOut] = []
+async def _events(job: Job, slot: Slot | None) -> AsyncGenerator[Event, None]:
+    """The job's events; each answer gives its question's admission slot back."""
     async with aclosing(job.events()) as events:
+        async for event in events:
+            if slot is not None and isinstance(event, AnswerEvent):
+                slot.answered()
+            yield event
+
+
+async def collect(job: Job, slot: Slot | None = None) -> SolveResponse:
+    """Runs the job to the end and returns every answer in question order.
+
+    Args:
+        job: the job.
+        slot: its admission, given back question by question as they are answered.
+    """
+    answers: list[AnswerOut] = []
+    async with aclosing(_events(job, slot)) as events:
         async for event in events:
             if isinstance(event, AnswerEvent):
                 answers.append(answer_out(event))
@@ -127,18 +147,18 @@ def _payload(event: Event) -> tuple[str, dict[str, object]]:
     return "done", _summary(event, []).model_dump(exclude={"answers"})
 
 
-async def sse_frames(job: Job) -> AsyncIterator[str]:
-    """Server-sent events: ``answer``, ``progress``, then ``done``."""
+async def sse_frames(job: Job, slot: Slot | None = None) -> AsyncIterator[str]:
+    """Server-sent events: ``answer``, ``progress``, then ``done`` (``slot`` as for collect)."""
     # Closed with the response, however it ends: the job's requests go with it.
-    async with aclosing(job.events()) as events:
+    async with aclosing(_events(job, slot)) as events:
         async for event in events:
             name, data = _payload(event)
             yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-async def ndjson_lines(job: Job) -> AsyncIterator[str]:
-    """One JSON object a line: ``{"event": ..., "data": ...}``."""
-    async with aclosing(job.events()) as events:
+async def ndjson_lines(job: Job, slot: Slot | None = None) -> AsyncIterator[str]:
+    """One JSON object a line: ``{"event": ..., "data": ...}`` (``slot`` as for collect)."""
+    async with aclosing(_events(job, slot)) as events:
         async for event in events:
             name, data = _payload(event)
             yield json.dumps({"event": name, "data": data}) + "\n"

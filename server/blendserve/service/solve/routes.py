@@ -51,16 +51,18 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
     slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
-        return HeldStreamingResponse(ndjson_lines(job), slot, media_type="application/x-ndjson")
+        return HeldStreamingResponse(
+            ndjson_lines(job, slot), slot, media_type="application/x-ndjson"
+        )
     if body.stream or "text/event-stream" in accept:
         return HeldStreamingResponse(
-            sse_frames(job),
+            sse_frames(job, slot),
             slot,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        return await while_connected(request, collect(job))
+        return await while_connected(request, collect(job, slot))
     except ClientGone:
         return Response(status_code=499)
     finally:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,6 +18,7 @@ from pydantic import (
 from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SamplingParams
+from blendserve.errors import RequestValidationError
 
 __all__ = [
     "AnswerFormat",
@@ -29,6 +31,7 @@ __all__ = [
     "SolveRequest",
     "SolveResponse",
     "UsageOut",
+    "check_extra",
     "check_messages",
     "check_policy",
 ]
@@ -67,6 +70,42 @@ def check_policy(value: str) -> str:
         raise ValueError(f"policy {spec.name!r} cannot serve (use {', '.join(SERVING_POLICIES)})")
     spec.build(1, 1)  # the policy's own checks of its options
     return value
+
+
+#: Sampling fields the engine sets itself (its sample accounting depends on them).
+_ENGINE_OWNED = ("n", "seed", "stream")
+
+
+def check_extra(extra: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuses upstream fields that can never be sent: a retry could not help.
+
+    Raises:
+        RequestValidationError: an engine-owned field (``n``, ``seed``,
+            ``stream``) or a number that is not finite (JSON has no NaN), with
+            ``prefix`` + the field as ``param``.
+    """
+    for name, value in extra.items():
+        if name in _ENGINE_OWNED:
+            raise RequestValidationError(
+                f"{name} is set by blendserve, not passed upstream", param=prefix + name
+            )
+        if not _finite(value):
+            raise RequestValidationError(
+                f"{name}: numbers must be finite (no NaN or Infinity)", param=prefix + name
+            )
+
+
+def _finite(value: Any) -> bool:
+    pending = [value]  # a stack, not recursion: JSON may nest deeper than Python recurses
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return True
 
 
 def _not_null(schema: dict[str, Any], *names: str) -> None:
@@ -158,6 +197,12 @@ class SamplingIn(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
+
+    @field_validator("extra")
+    @classmethod
+    def _sendable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_extra(value)
+        return value
 
     def to_sampling_params(self) -> SamplingParams:
         """The engine-level parameters."""

@@ -1,0 +1,263 @@
+"""Hostile clients against ``blendserve serve``: slowloris and streams nobody reads.
+
+Starts the real command (``blendserve serve --engine replay``) on loopback with
+a soft limit of 1,024 open descriptors (as a default ``ulimit -n`` gives it),
+then runs three bounded phases, each ``--duration`` seconds:
+
+1. ``--slowloris`` connections (1,000): half send nothing, half send half a
+   request's headers and then one more byte a second;
+2. ``--readers`` (10) streamed ``/solve`` requests of ``--questions`` (10,000)
+   questions each from clients that never read a byte;
+3. both at once.
+
+During each phase ``/health`` is probed four times a second (a new connection
+each time) and a fresh one-question ``/solve`` once a second. It prints the
+``/health`` latency (p50, p99, max, failures), when the first fresh ``/solve``
+was admitted, how many hostile connections the server had closed by the end,
+and the queued-questions gauge at the end (a reader whose job has finished
+keeps its connection open for keep-alive, its unread reply in the socket
+buffers), and the server's descriptors and RSS. Exits 1 if ``/health`` ever took 1 s or
+more or failed, or if no fresh ``/solve`` was admitted in a phase.
+
+Usage: python bench/bench_abuse.py DATA.jsonl [--duration 40] [--slowloris 1000] [--readers 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+_SERVER_FDS = 1024  # the server's soft limit at start, as with a default ulimit -n
+
+
+@dataclass
+class Probes:
+    """What the probes saw during one phase."""
+
+    health_ms: list[float] = field(default_factory=list)
+    #: (seconds into the phase, ms) of probes that took 500 ms or more
+    slow: list[tuple[float, float]] = field(default_factory=list)
+    health_failures: int = 0
+    #: why probes failed: exception name or status
+    failure_kinds: set[str] = field(default_factory=set)
+    #: (seconds into the phase, status) of each fresh /solve
+    solves: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _server_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(_SERVER_FDS, hard), hard))
+
+
+def _start(data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, int]:
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "blendserve.cli", "serve", "--engine", "replay",
+        "--data", str(data), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_server_limit
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url, port
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit(f"the server did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+def _probe(url: str, ids: list[str], stop: threading.Event, probes: Probes) -> None:
+    started = time.monotonic()
+    next_solve = started
+    body = {"questions": [{"id": ids[0], "prompt": "x"}], "budget": 2}
+    while not stop.wait(0.25):
+        begin = time.monotonic()
+        try:
+            status = httpx.get(f"{url}/health", timeout=5).status_code
+            ok = status == 200
+            if not ok:
+                probes.failure_kinds.add(str(status))
+        except httpx.HTTPError as exc:
+            ok = False
+            probes.failure_kinds.add(type(exc).__name__)
+        if ok:
+            probes.health_ms.append(ms := (time.monotonic() - begin) * 1000)
+            if ms >= 500:
+                probes.slow.append((round(begin - started, 1), round(ms)))
+        else:
+            probes.health_failures += 1
+        if time.monotonic() >= next_solve:
+            next_solve += 1.0
+            try:
+                status = httpx.post(f"{url}/solve", json=body, timeout=10).status_code
+            except httpx.HTTPError:
+                status = 0
+            probes.solves.append((round(time.monotonic() - started, 1), status))
+
+
+def _slowloris(port: int, count: int) -> list[socket.socket]:
+    sockets = []
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port))
+        if i % 2:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        sockets.append(sock)
+    return sockets
+
+
+def _trickle(sockets: list[socket.socket], stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        for sock in sockets[1::2]:
+            with contextlib.suppress(OSError):
+                sock.send(b"a")
+
+
+def _readers(port: int, count: int, questions: int, ids: list[str]) -> list[socket.socket]:
+    sockets = []
+    for r in range(count):
+        batch = [{"id": ids[(r + i) % len(ids)], "prompt": "x"} for i in range(questions)]
+        body = json.dumps({"questions": batch, "budget": questions, "stream": True}).encode()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(
+            b"POST /solve HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        sockets.append(sock)
+    return sockets
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 20):  # a reader's unread stream, then its end
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _server(pid: int) -> str:
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    rss = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    return f"{fds} fds, RSS {rss / 1024:.0f} MiB"
+
+
+def _phase(
+    name: str, args: argparse.Namespace, url: str, port: int, pid: int, ids: list[str]
+) -> bool:
+    stop = threading.Event()
+    probes = Probes()
+    hostile: list[socket.socket] = []
+    start = time.monotonic()
+    if name in ("slowloris", "both"):
+        hostile += _slowloris(port, args.slowloris)
+    if name in ("readers", "both"):
+        hostile += _readers(port, args.readers, args.questions, ids)
+    opened = time.monotonic() - start
+    threads = [
+        threading.Thread(target=_probe, args=(url, ids, stop, probes)),
+        threading.Thread(target=_trickle, args=(hostile, stop)),
+    ]
+    for thread in threads:
+        thread.start()
+    stop.wait(args.duration)
+    during = _server(pid)
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    queued = next(
+        line.split()[1]
+        for line in metrics.splitlines()
+        if line.startswith("blendserve_queued_questions ")
+    )
+    stop.set()
+    for thread in threads:
+        thread.join()
+    closed = sum(_closed(sock) for sock in hostile)
+    for sock in hostile:
+        sock.close()
+    ms = sorted(probes.health_ms)
+    admitted = [t for t, status in probes.solves if status == 200]
+    statuses = sorted({status for _, status in probes.solves})
+    p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else float("nan")
+    print(
+        f"{name}: {len(hostile)} hostile connections opened in {opened:.1f} s; "
+        f"/health over {len(ms) + probes.health_failures} probes: "
+        f"p50 {statistics.median(ms) if ms else float('nan'):.1f} ms, p99 {p99:.1f} ms, "
+        f"max {ms[-1] if ms else float('nan'):.1f} ms, "
+        f"{probes.health_failures} failed {sorted(probes.failure_kinds)}; "
+        f"fresh /solve statuses {statuses}, first admitted at "
+        f"{admitted[0] if admitted else 'never'} s; "
+        f"slow probes (s, ms) {probes.slow}; "
+        f"{closed}/{len(hostile)} closed by the server after {args.duration:g} s, "
+        f"questions still queued {queued}; server: {during}",
+        flush=True,
+    )
+    return bool(ms) and ms[-1] < 1000 and probes.health_failures == 0 and bool(admitted)
+
+
+def main() -> int:
+    """Runs the three phases; the exit code is 1 when a check fails."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data", type=Path, help="recorded answers (JSONL with id and answers)")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds per phase")
+    parser.add_argument("--slowloris", type=int, default=1000)
+    parser.add_argument("--readers", type=int, default=10)
+    parser.add_argument("--questions", type=int, default=10_000, help="per reader")
+    args = parser.parse_args()
+    ids = [
+        str(json.loads(line)["id"])
+        for line in args.data.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.slowloris)), hard))
+    with tempfile.TemporaryDirectory() as tmp:
+        process, url, port = _start(args.data, Path(tmp) / "server.log")
+        try:
+            print(f"server: {_server(process.pid)} idle", flush=True)
+            phases = ("slowloris", "readers", "both")
+            # every phase runs, even after one failed
+            ok = all([_phase(name, args, url, port, process.pid, ids) for name in phases])
+            log = (Path(tmp) / "server.log").read_text(errors="replace")
+            print(f"server log: {len(log)} bytes; its last lines:", flush=True)
+            print("\n".join(log.splitlines()[-5:]), flush=True)
+        finally:
+            process.kill()
+            process.wait(30)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Client connection deadlines: slow or silent clients cannot hold a connection for ever.
+
+uvicorn closes an idle keep-alive connection, but not one that never finishes
+its request headers (slowloris), trickles its body, or never reads what it is
+sent: each holds a descriptor, and a stream that cannot be written holds its
+job and its admission slots. :class:`TimedH11Protocol` is uvicorn's h11
+protocol with three deadlines per connection:
+
+* ``header_timeout``: a request's headers must be complete this long after
+  the connection opens, or after the first byte of a later request;
+* ``body_timeout``: its body must be complete this long after its headers;
+* ``write_timeout``: a response whose client reads nothing (the send buffer
+  stays full) for this long is aborted.
+
+A connection past a deadline is aborted: the application sees the client
+disconnect, which cancels its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["ConnectionTimeouts", "TimedH11Protocol", "timed_protocol"]
+
+
+@dataclass(frozen=True)
+class ConnectionTimeouts:
+    """Deadlines of one client connection, in seconds (see the module docstring)."""
+
+    header: float = 10.0
+    body: float = 60.0
+    write: float = 30.0
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header, body and write deadlines (:attr:`timeouts`)."""
+
+    timeouts = ConnectionTimeouts()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_deadline: asyncio.TimerHandle | None = None
+        self._reading_body = False
+        self._write_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_read(self.timeouts.header)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_read()
+        self._disarm_write()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._read_deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm_read(self.timeouts.header)  # the first byte of a later request
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            if not self._reading_body:
+                self._reading_body = True
+                self._arm_read(self.timeouts.body)
+        elif state is not h11.IDLE:  # the request is in, or the connection ends
+            self._reading_body = False
+            self._disarm_read()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.timeouts.write, self._abort)
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._reading_body = False
+
+    def _arm_read(self, seconds: float) -> None:
+        self._disarm_read()
+        self._read_deadline = self.loop.call_later(seconds, self._abort)
+
+    def _disarm_read(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _abort(self) -> None:
+        # abort(), not close(): close() would wait for a full send buffer to drain.
+        self._read_deadline = self._write_deadline = None
+        self.transport.abort()
+
+
+def timed_protocol(timeouts: ConnectionTimeouts) -> type[TimedH11Protocol]:
+    """A :class:`TimedH11Protocol` class with ``timeouts``, for ``uvicorn.Config(http=...)``."""
+    return type("TimedH11Protocol", (TimedH11Protocol,), {"timeouts": timeouts})

@@ -1,0 +1,34 @@
+"""The sympy workers are shared fairly between jobs: slow answers of one job do not
+queue another job's answers behind them (real worker processes, real sympy)."""
+
+import asyncio
+
+import pytest
+from blendserve import answers
+from blendserve.answers import KeyOwner, acanonical_key
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    answers.clear_cache()
+    answers.warm_up()
+
+
+def test_a_job_with_many_slow_answers_does_not_hold_back_another_jobs_answer() -> None:
+    async def scenario() -> tuple[int, str]:
+        slow_job, other_job = KeyOwner(), KeyOwner()
+        # 16 distinct polynomial expansions, about 0.1-0.3 s of sympy each, one worker
+        slow = [
+            asyncio.ensure_future(acanonical_key(f"(x+1)^{{{k}}}-(x-1)^{{{k}}}", "math", slow_job))
+            for k in range(30, 46)
+        ]
+        await asyncio.wait(slow, return_when=asyncio.FIRST_COMPLETED)
+        key = await acanonical_key(r"\frac{14}{6}", "math", other_job)
+        pending = sum(not task.done() for task in slow)
+        await asyncio.gather(*slow)
+        return pending, key
+
+    pending, key = asyncio.run(scenario())
+    assert key == "7/3"
+    # First come, first served, the answer would wait for all 15 others.
+    assert pending >= 12, pending
