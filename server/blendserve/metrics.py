@@ -21,7 +21,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "JobMetrics", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "JobMetrics", "exposition", "upstream_configured"]
 
 _PREFIX = "blendserve"
 
@@ -74,6 +74,7 @@ BUDGET_UNSPENT = Counter(
 )
 PROMPT_TOKENS = Counter(f"{_PREFIX}_prompt_tokens", "Prompt tokens of every sample.")
 COMPLETION_TOKENS = Counter(f"{_PREFIX}_completion_tokens", "Completion tokens of every sample.")
+UPSTREAM_OUTCOMES = ("dispatched", "completed", "failed", "cancelled")
 UPSTREAM_SAMPLES = Counter(
     f"{_PREFIX}_upstream_samples",
     "Samples by upstream and outcome: dispatched, then completed, failed or cancelled.",
@@ -132,6 +133,19 @@ ONLINE_ROUNDS = Histogram(
     ["pool"],
     buckets=[1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
 )
+
+
+def upstream_configured(upstream: str) -> None:
+    """Creates ``upstream``'s labelled series at zero.
+
+    A labelled series exists only once its labels were used: without this, a
+    healthy server without retries exports no retry series at all, and
+    dashboards show "No data" instead of 0.
+    """
+    for outcome in UPSTREAM_OUTCOMES:
+        UPSTREAM_SAMPLES.labels(upstream, outcome)
+    UPSTREAM_RETRIES.labels(upstream)
+    UPSTREAM_LATENCY.labels(upstream)
 
 
 def exposition() -> bytes:

@@ -68,6 +68,22 @@ def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -
     assert len(set(texts)) >= 2  # llama.cpp ignores n: distinct seeds give distinct samples
 
 
+def test_streamed_samples_count_the_prompt_like_unstreamed_ones(
+    server: EmbeddedLlamaServer,
+) -> None:
+    # Streamed as the embedded default streams: llama.cpp's streams carry no usage.
+    async def scenario() -> tuple[list[int], list[int]]:
+        request = _ask(QUESTIONS[2][0], n=3, max_tokens=4, temperature=1.0, seed=5)
+        async with OpenAIEngine([server.base_url], timeout=120) as plain:
+            unstreamed = await plain.generate(request)
+        async with OpenAIEngine([server.base_url], timeout=120, stream=True) as streaming:
+            streamed = await streaming.generate(request)
+        return [s.prompt_tokens for s in unstreamed], [s.prompt_tokens for s in streamed]
+
+    unstreamed, streamed = _run(scenario())
+    assert unstreamed[0] > 10 and streamed == unstreamed == [unstreamed[0]] * 3
+
+
 def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
     async def scenario() -> list[str | None]:
         async with OpenAIEngine([server.base_url], timeout=120) as engine:

@@ -3,10 +3,13 @@
 import re
 
 import httpx
+from blendserve.engines.openai import normalise_base_url
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.command import serve_command
+from tests.support.fake_openai import FakeServer
 from tests.support.live import LiveServer
 
 RECORDS = [
@@ -72,3 +75,18 @@ def test_jobs_samples_answers_and_requests_are_counted() -> None:
     ours = {n for n in names if n.startswith("blendserve_")}
     assert len(ours) >= 20 and not any("vllm" in n for n in ours)
     assert all(re.fullmatch(r"[a-z_]+", n) for n in ours)
+
+
+def test_a_fresh_server_exports_each_upstream_series_at_zero() -> None:
+    # A new process: no request has touched any labelled series yet.
+    with FakeServer() as upstream, serve_command("--upstream", upstream.url) as (url, _):
+        scraped = _scrape(url)
+    label = normalise_base_url(upstream.url)
+    assert scraped.get(("blendserve_upstream_retries_total", (("upstream", label),))) == 0.0
+    for outcome in ("dispatched", "completed", "failed", "cancelled"):
+        key = ("blendserve_upstream_samples_total", (("outcome", outcome), ("upstream", label)))
+        assert scraped.get(key) == 0.0, outcome
+    duration = ("blendserve_upstream_request_duration_seconds_count", (("upstream", label),))
+    assert scraped.get(duration) == 0.0
+    assert scraped.get(("blendserve_upstream_healthy", (("upstream", label),))) == 1.0
+    assert upstream.state.requests == 0

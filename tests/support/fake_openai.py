@@ -52,7 +52,8 @@ class FakeState:
     ``a`` drawn from it), ``tokenizer`` (serve vLLM's ``GET /tokenizer_info``,
     ``POST /tokenize`` and ``POST /detokenize``, one token per character;
     else they are 404s). A request with ``stream`` is answered with OpenAI's
-    streamed chunks.
+    streamed chunks, ending in a usage chunk unless ``stream_usage`` is False
+    (like llama.cpp's server, which ignores ``stream_options``).
     Injected faults, drawn per completion request from a generator seeded with
     ``fault_seed``: ``error_rate`` (a 500), ``timeout_rate`` (no answer until
     the client leaves; streamed: silence after the first chunk), ``drop_rate``
@@ -76,6 +77,7 @@ class FakeState:
     record: bool = True
     answers: tuple[str, ...] = ()
     tokenizer: bool = False
+    stream_usage: bool = True
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     drop_rate: float = 0.0
@@ -185,8 +187,9 @@ async def _chunks(
             for i in range(len(texts))
         ]
         yield _event({"choices": ends})
-        usage = {"prompt_tokens": 3, "completion_tokens": 5 * len(texts)}
-        yield _event({"choices": [], "usage": usage})
+        if state.stream_usage:
+            usage = {"prompt_tokens": 3, "completion_tokens": 5 * len(texts)}
+            yield _event({"choices": [], "usage": usage})
         yield "data: [DONE]\n\n"
         state.samples_served += len(texts)
     except asyncio.CancelledError:

@@ -19,6 +19,9 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   Single requests carry distinct seeds: ``seed + i`` for the ``i``-th sample
   when a seed was given, else random distinct seeds. A call returns exactly
   ``n`` samples or raises; samples of a failed call are dropped, never reused.
+* Samples carry the upstream's usage. With ``stream``, an upstream whose
+  streams carry no usage (llama.cpp's server) is asked for a prompt's token
+  count once, by a one-token non-streamed request, and the count is kept.
 * 429, 5xx and transport errors are retried at most ``max_retries`` times. A
   retry goes at once to a healthy replica this call has not tried, if any;
   otherwise it waits a jittered exponential backoff, or ``Retry-After`` when
@@ -50,7 +53,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import email.utils
+import hashlib
 import json
 import logging
 import math
@@ -89,6 +94,7 @@ _SHARD_CONNECTIONS = 2  # measured: 1-4 alike, 8 costs 1.4x CPU, 16 costs 3x
 _SEED_SPACE = 2**31 - 1
 # The engine sets these itself: an override would break sample accounting.
 _ENGINE_OWNED = frozenset({"n", "seed", "stream"})
+_PROMPT_COUNTS = 1024  # prompt token counts kept for upstreams without stream usage
 
 
 def normalise_base_url(url: str) -> str:
@@ -218,6 +224,8 @@ class OpenAIEngine(Engine):
             failure_threshold=failure_threshold,
             affinity_slack=affinity_slack,
         )
+        for replica in self._replicas.replicas:
+            metrics.upstream_configured(replica.url)
         self._model = model
         self._mode: Literal["chat", "completions"] = mode
         self._timeout = timeout
@@ -230,6 +238,8 @@ class OpenAIEngine(Engine):
         self._max_retry_after = max_retry_after
         self._forward_timeout = stall_timeout or timeout
         self._rng = random.Random()
+        # prompt digest -> its token count, for upstreams whose streams carry no usage
+        self._prompt_counts: dict[bytes, int] = {}
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
         self._pool = _Pool(
@@ -324,12 +334,46 @@ class OpenAIEngine(Engine):
         key = request.question_id
         seed = request.params.seed
         if n > 1 and self._send_singles(key):
-            return await self._fan_out(path, body, key, self._seeds(seed, 0, n), deadline)
-        samples = await self._fetch(path, body, n, seed, key, deadline)
-        if len(samples) < n:
-            seeds = self._seeds(seed, len(samples), n - len(samples))
-            samples += await self._fan_out(path, body, key, seeds, deadline)
+            samples = await self._fan_out(path, body, key, self._seeds(seed, 0, n), deadline)
+        else:
+            samples = await self._fetch(path, body, n, seed, key, deadline)
+            if len(samples) < n:
+                seeds = self._seeds(seed, len(samples), n - len(samples))
+                samples += await self._fan_out(path, body, key, seeds, deadline)
+        if self._stream and not all(s.prompt_tokens for s in samples):
+            samples = await self._with_prompt_tokens(path, body, key, samples)
         return samples
+
+    async def _with_prompt_tokens(
+        self, path: str, body: dict[str, Any], key: str | None, samples: list[Sample]
+    ) -> list[Sample]:
+        """``samples`` with their prompt's token count, from a one-token non-streamed request.
+
+        An upstream whose streams carry no usage (llama.cpp's server ignores
+        ``stream_options``) reports prompt tokens only unstreamed; the count is
+        asked once per prompt. A failed count leaves the samples as they are:
+        accounting never fails a call.
+        """
+        probe = _encode({**body, "max_tokens": 1})
+        digest = hashlib.blake2b(probe, digest_size=16).digest()
+        count = self._prompt_counts.get(digest)
+        if count is None:
+            replica = self._replicas.pick(key, rotate=False)
+            if replica is None:
+                return samples
+            try:
+                response = await self._pool.post(replica.url, path, probe)
+                response.raise_for_status()
+                count = _samples(response.json(), path == _CHAT, replica.url)[0].prompt_tokens
+            except (httpx.HTTPError, ValueError, EngineProtocolError) as exc:
+                _log.debug("upstream %s: no prompt token count: %s", replica.url, exc)
+                return samples
+            if len(self._prompt_counts) >= _PROMPT_COUNTS:
+                del self._prompt_counts[next(iter(self._prompt_counts))]  # the oldest
+            self._prompt_counts[digest] = count
+        return [
+            s if s.prompt_tokens else dataclasses.replace(s, prompt_tokens=count) for s in samples
+        ]
 
     def _send_singles(self, key: str | None) -> bool:
         if self._n_support != "auto":

@@ -165,6 +165,7 @@ class ReplayEngine(Engine):
         self.model_name = model_name
         self.stats = ReplayStats()
         metrics.UPSTREAM_HEALTHY.labels(self.name).set(1)
+        metrics.upstream_configured(self.name)
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
         self._delay_rng = random.Random(seed + 2)

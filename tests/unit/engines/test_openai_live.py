@@ -246,3 +246,24 @@ def test_an_upstream_that_only_stalls_is_a_timeout_well_before_the_deadline(
 def test_stall_timeout_needs_streaming() -> None:
     with pytest.raises(ValueError, match="stall_timeout"):
         OpenAIEngine(["http://a/v1"], stall_timeout=1.0)
+
+
+@pytest.mark.parametrize("stream_usage", [True, False])
+@pytest.mark.parametrize("honour_n", [True, False])
+def test_streamed_samples_carry_prompt_tokens(
+    fakes: Fakes, stream_usage: bool, honour_n: bool
+) -> None:
+    # stream_usage=False, honour_n=False is llama.cpp's server: no usage in streams, n ignored.
+    [server] = fakes(1, stream_usage=stream_usage, honour_n=honour_n)
+
+    async def main() -> list[list[Sample]]:
+        async with _engine([server], stream=True) as e:
+            return [await e.generate(chat(n=4, question_id="q")) for _ in range(2)]
+
+    calls = _run(main())
+    assert [[s.prompt_tokens for s in samples] for samples in calls] == [[3] * 4] * 2
+    assert all(s.completion_tokens > 0 for samples in calls for s in samples)
+    probes = [b for b in server.state.bodies if not b.get("stream")]
+    # Asked once per prompt, unstreamed, for one token; never when the stream has usage.
+    assert len(probes) == (0 if stream_usage else 1)
+    assert all(b["max_tokens"] == 1 and "seed" not in b for b in probes)
