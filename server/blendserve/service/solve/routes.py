@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -35,6 +37,8 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
     text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
     """
     state = request.app.state
+    # Validation of a large body has just run on the event loop: let others have a turn.
+    await asyncio.sleep(0)
     prompts: dict[str, Prompt] = {}
     for i, q in enumerate(body.questions):
         if q.prompt is not None:
@@ -47,7 +51,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         questions_param="questions",
         budget_param="budget" if body.budget is not None else "budget_per_question",
     )
-    job = state.running.add(build_job(body, state.engine, state.settings))
+    job = state.running.add(await build_job(body, state.engine, state.settings))
     slot = state.admission.admit(len(body.questions))
     accept = request.headers.get("accept", "")
     if "application/x-ndjson" in accept:
