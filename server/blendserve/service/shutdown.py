@@ -11,6 +11,9 @@ from typing import Protocol, TypeVar
 
 import uvicorn
 
+from blendserve.scheduler import JobStatus
+from blendserve.scheduler.pool import Pool
+
 __all__ = ["Cancellable", "DrainingServer", "RunningJobs"]
 
 #: Seconds a cancelled job's handler gets to send its partial answers.
@@ -18,13 +21,15 @@ _FLUSH_S = 5
 
 
 class Cancellable(Protocol):
-    """Work that a shutdown may end early: it then answers with what it has."""
+    """A job a shutdown may end early: it then answers with what it has."""
+
+    status: JobStatus
 
     def cancel(self, reason: str) -> None:
-        """Ends the work now; its callers get partial answers (a no-op once it ended)."""
+        """Ends the job now; its caller gets partial answers (a no-op once it ended)."""
 
 
-_C = TypeVar("_C", bound=Cancellable)
+_J = TypeVar("_J", bound=Cancellable)
 
 
 class RunningJobs:
@@ -32,16 +37,28 @@ class RunningJobs:
 
     def __init__(self) -> None:
         self._jobs: weakref.WeakSet[Cancellable] = weakref.WeakSet()
+        self._pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
-    def add(self, job: _C) -> _C:
-        """Tracks ``job`` (a :class:`~blendserve.scheduler.Job` or a pool) until it is gone."""
+    def add(self, job: _J) -> _J:
+        """Tracks ``job`` until it is gone; returns it."""
         self._jobs.add(job)
         return job
 
-    def cancel_all(self, reason: str) -> None:
-        """Cancels every job and ends every open pool question (see their ``cancel``)."""
-        for job in list(self._jobs):
+    def add_pool(self, pool: Pool) -> Pool:
+        """Tracks ``pool`` until it is gone; returns it."""
+        self._pools.add(pool)
+        return pool
+
+    def cancel_all(self, reason: str) -> int:
+        """Cancels every running job and ends every open pool question; returns how many."""
+        running = [job for job in self._jobs if not job.status.finished]
+        for job in running:
             job.cancel(reason)
+        pools = list(self._pools)
+        num_open = sum(pool.num_open for pool in pools)
+        for pool in pools:
+            pool.cancel(reason)
+        return len(running) + num_open
 
 
 class DrainingServer(uvicorn.Server):

@@ -101,7 +101,7 @@ class OnlinePools:
             aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
             name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"
             keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-            pool = self.pools[key] = self.running.add(Pool(spec, self.engine, keyer, name))
+            pool = self.pools[key] = self.running.add_pool(Pool(spec, self.engine, keyer, name))
         return pool
 
     def submit(

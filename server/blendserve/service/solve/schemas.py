@@ -140,6 +140,20 @@ def _exactly_one_of(*names: str) -> Callable[[dict[str, Any]], None]:
     return extra
 
 
+def _budget_or_target(schema: dict[str, Any]) -> None:
+    """Documents "``budget``, ``budget_per_question`` or ``confidence``, each with its fields"."""
+    _not_null(schema, *_BUDGET_FIELDS[:2], "confidence", "max_samples_per_question")
+    no_cap = {"not": {"required": ["max_samples_per_question"]}}
+    schema["oneOf"] = [
+        {"required": ["budget"], **no_cap},
+        {"required": ["budget_per_question"], **no_cap},
+        {
+            "required": ["confidence"],
+            "not": {"anyOf": [{"required": [name]} for name in _BUDGET_FIELDS]},
+        },
+    ]
+
+
 def _pattern_with_regex(schema: dict[str, Any]) -> None:
     """Documents "``pattern`` with kind ``regex`` and only then"."""
     _not_null(schema, "pattern")
@@ -237,7 +251,7 @@ class SolveRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra=_exactly_one_of("budget", "budget_per_question", "confidence"),
+        json_schema_extra=_budget_or_target,
     )
 
     questions: list[QuestionIn] = Field(min_length=1)
