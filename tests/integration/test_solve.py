@@ -156,12 +156,6 @@ def test_confidence_stops_each_question_at_the_target_or_its_cap(
     assert body["usage"]["samples"] == spent == engine.stats.samples
 
 
-def test_a_confidence_next_to_certainty_runs_to_the_cap(server: LiveServer) -> None:
-    response = _solve(server.url, confidence=0.9999999999999999, max_samples_per_question=8)
-    assert response.status_code == 200, response.text
-    assert all(a["samples"] == 8 for a in response.json()["answers"])
-
-
 def test_confidence_streams_each_answer_as_it_settles() -> None:
     with serve_engine(ReplayEngine(RECORDS, seed=5, latency=LatencyModel(fixed=0.05))) as live:
         events = _sse(live.url, confidence=0.99, max_samples_per_question=200, concurrency=64)
