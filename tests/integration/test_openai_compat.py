@@ -310,3 +310,7 @@ def test_a_quality_target_stops_at_its_confidence_and_a_policy_asks_for_a_group(
         client.chat.completions.create(
             model="m", messages=_user("Three?"), extra_body={"blendserve": {"confidence": 1.5}}
         )
+    # Nearer certainty than the stopping rule's floor: held at the floor, runs to the cap.
+    almost = {"blendserve": {"answer": "number", "confidence": 0.9999999999999999}}
+    reply = client.chat.completions.create(model="m", messages=_user("Three?"), extra_body=almost)
+    assert reply.model_extra and reply.model_extra["blendserve"]["answer"] == "3"

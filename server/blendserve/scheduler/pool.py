@@ -75,7 +75,8 @@ class PoolSpec:
     def threshold(self) -> PacedThreshold:
         """A fresh pacing controller (or fixed threshold) for the pool."""
         if self.target is not None:
-            return PacedThreshold(None, log_tau=math.log(self.target))
+            # A target nearer certainty than the rule's floor (1e-12) is held at it.
+            return PacedThreshold(None, log_tau=math.log(max(self.target, 1e-12)))
         if self.budget_per_question is None:
             raise ValueError("a pool needs a budget per question or a target")
         return PacedThreshold(max(1.0, self.budget_per_question))
