@@ -4,8 +4,7 @@ Over a batch, the budget-constrained optimum is a threshold on each
 question's uncertainty (the threshold is the budget's Lagrange multiplier).
 A stream of single questions gets the same saving by stopping each question
 once its uncertainty is at most ``tau`` and learning ``tau`` online so that
-the running mean samples per question matches the budget asked for
-(DESIGN.md, "Online stopping").
+the running mean samples per question matches the budget asked for.
 
 Samples may be requested in waves: :meth:`StoppingRule.samples_to_stop` is
 the least number of further samples after which the question *could* stop

@@ -50,7 +50,7 @@ def ppr_log_uncertainty(n1: int, n2: int, num_distinct: int) -> float:
     """Log of PPR-1v1's ``(max(2, K) - 1) * BetaPDF(1/2; n1 + 1, n2 + 1)``.
 
     The paper writes ``min(2, K)``, which zeroes the score of a question with a
-    single answer seen; ``max`` keeps it finite (DESIGN.md).
+    single answer seen; ``max`` keeps it finite.
 
     Args:
         n1: votes of the leading answer.

@@ -3,7 +3,7 @@
 The job feeds every completion to the same policy object the simulator uses
 and emits each question's answer as soon as it is final. Samples in flight
 are decided blind to their results, so the job keeps the policy's choices
-close to its sequential ones (DESIGN.md, "Batched selection"):
+close to its sequential ones:
 
 - every question gets its first sample before any gets a second;
 - free slots are filled one decision at a time, and a pending sample counts

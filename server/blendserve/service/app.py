@@ -66,6 +66,7 @@ def create_app(
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
             concurrency=settings.default_concurrency,
+            in_flight_per_question=settings.default_in_flight_per_question,
             request_timeout=settings.upstream_timeout,
             failure_timeout=settings.job_failure_timeout,
             jobs=app.state.running,

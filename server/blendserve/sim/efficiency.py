@@ -1,4 +1,4 @@
-"""The paper's sample-efficiency measurement (DESIGN.md, "Measuring sample efficiency").
+"""The paper's sample-efficiency measurement (README, "Simulator").
 
 For a target SC@x, the reducible error of SC with x samples per question is
 the bar; for each method we find the least mean samples per question with

@@ -79,6 +79,7 @@ class Grouper:
         wait: seconds a group stays open for more requests.
         max_questions: a group with this many questions starts at once.
         concurrency: samples in flight per job.
+        in_flight_per_question: samples in flight per open question of a job.
         request_timeout: seconds per engine request, retries included.
         failure_timeout: seconds of engine failures in a row that end a job.
         jobs: where the jobs are tracked for a shutdown (None: a set of its own).
@@ -92,6 +93,7 @@ class Grouper:
         wait: float,
         max_questions: int,
         concurrency: int,
+        in_flight_per_question: float = 0.5,
         request_timeout: float | None = None,
         failure_timeout: float = 5.0,
         jobs: RunningJobs | None = None,
@@ -101,6 +103,7 @@ class Grouper:
         self.wait = wait
         self.max_questions = max_questions
         self.concurrency = concurrency
+        self.in_flight_per_question = in_flight_per_question
         self.request_timeout = request_timeout
         self.failure_timeout = failure_timeout
         self.jobs = jobs if jobs is not None else RunningJobs()
@@ -154,6 +157,7 @@ class Grouper:
             answer_kind=settings.answer_kind,
             settle_delta=settings.settle_delta,
             concurrency=self.concurrency,
+            in_flight_per_question=self.in_flight_per_question,
             request_timeout=self.request_timeout,
             failure_timeout=self.failure_timeout,
         )
