@@ -33,7 +33,7 @@ from blendserve.service import Settings, create_app
 BUDGETS = {
     "esc_lastletters_gpt35.jsonl": 5.5,
     "faithfulcot_date_codex_ltm.jsonl": 6.0,
-    "trove_math_codellama7b_pot.jsonl": 21.0,
+    "trove_math_codellama7b_pot.jsonl": 19.0,
 }
 
 

@@ -11,6 +11,7 @@ the least number of further samples after which the question *could* stop
 (every one of them voting for the leader). Any other outcome of those samples
 leaves it less sure, so no stopping point lies inside a wave and waves of that
 size stop every question at exactly the sample a one-at-a-time loop would.
+Only the first wave is larger, a share of the budget (:meth:`StoppingRule.for_budget`).
 """
 
 from __future__ import annotations
@@ -77,11 +78,13 @@ class StoppingRule:
         max_num_samples: the cap per question.
         min_growth: waves are at least this share of the samples a question
             has (0: waves stop exactly where one-at-a-time sampling would).
+        min_first: the first wave is at least this many samples.
     """
 
     score: Score = "asc"
     max_num_samples: int = 64
     min_growth: float = 0.0
+    min_first: int = 0
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -98,17 +101,23 @@ class StoppingRule:
         *,
         score: Score = "asc",
         cap: float = 8.0,
-        max_extra: float = 32.0,
+        max_extra: float = 48.0,
         min_growth: float = 0.0,
+        first_share: float = 0.5,
     ) -> StoppingRule:
         """The rule for a mean budget: capped at ``cap`` times it, and ``max_extra`` beyond it.
 
         The second bound matters at large budgets on flat answer distributions
         (many near-tied answers), where samples past it bought little on the
-        recorded sets.
+        recorded sets. The first wave is at least ``first_share`` of the
+        budget: at large budgets that saves rounds, and a question is not
+        stopped by a lucky unanimous start (on the flattest recorded set it
+        lowered the samples needed for SC@32's error by 12%).
         """
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
-        return cls(score, max(1, round(limit)), min_growth)
+        cap_samples = max(1, round(limit))
+        min_first = min(cap_samples, math.floor(first_share * budget_per_question))
+        return cls(score, cap_samples, min_growth, min_first)
 
     def log_uncertainty(self, n1: int, n2: int, num_distinct: int) -> float:
         """Log of the rule's uncertainty of vote state ``(n1, n2, K)``; larger is less sure."""
@@ -154,7 +163,7 @@ class StoppingRule:
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0
-        grown = math.ceil(self.min_growth * num_samples)
+        grown = math.ceil(self.min_growth * num_samples) if num_samples else self.min_first
         return min(self.max_num_samples - num_samples, max(need, grown))
 
 
@@ -162,11 +171,14 @@ class PacedThreshold:
     """Learns ``log tau`` online so that the mean samples per question meet a budget.
 
     Two terms: a slow estimate of the threshold whose expected spend is the
-    budget (stochastic approximation: each finished question moves it by
-    ``gain`` times its excess spend), and a correction proportional to the
-    debt, the samples spent beyond the budget so far, repaid over
-    ``horizon`` questions. The debt term keeps the *running mean* on target
-    even where spend is a step function of ``tau``.
+    budget (stochastic approximation: each finished question moves it by its
+    excess spend times a gain, larger for the first questions so that a cold
+    start converges), and a correction proportional to the debt, the samples
+    spent beyond the budget so far, repaid over ``horizon`` questions. The
+    debt term keeps the *running mean* on target even where spend is a step
+    function of ``tau``. Open questions count in the debt as soon as they pass
+    the budget (:meth:`spend`), so many questions in flight do not overshoot
+    together before the first of them finishes.
 
     With ``budget_per_question=None`` the threshold is fixed at ``log_tau``
     (a quality target instead of a budget).
@@ -175,6 +187,7 @@ class PacedThreshold:
         budget_per_question: the mean samples per question to pace to.
         log_tau: the first threshold (default: :func:`start_log_tau`).
         gain: log-tau step per sample of excess spend of one question.
+        warmup: the ``n``-th finished question's step is ``gain * (1 + warmup / n)``.
         horizon: questions over which a debt is repaid.
     """
 
@@ -184,7 +197,8 @@ class PacedThreshold:
         *,
         log_tau: float | None = None,
         gain: float = 0.003,
-        horizon: float = 100.0,
+        warmup: float = 20.0,
+        horizon: float = 50.0,
     ) -> None:
         if budget_per_question is not None and not budget_per_question >= 1.0:
             raise ValueError(f"budget_per_question must be at least 1, got {budget_per_question}")
@@ -194,12 +208,14 @@ class PacedThreshold:
             log_tau = start_log_tau(budget_per_question)
         if not _MIN_LOG_TAU <= log_tau <= _MAX_LOG_TAU:
             raise ValueError(f"log_tau must be in [log 1e-12, log 4], got {log_tau}")
-        if not gain > 0 or not horizon > 0:
-            raise ValueError("gain and horizon must be positive")
+        if not gain > 0 or not horizon > 0 or not warmup >= 0:
+            raise ValueError("gain and horizon must be positive, warmup at least 0")
         self.budget_per_question = budget_per_question
         self.gain = gain
+        self.warmup = warmup
         self.horizon = horizon
         self._base = log_tau
+        self._open_excess = 0.0
         self.num_questions = 0
         self.num_samples = 0
 
@@ -210,10 +226,11 @@ class PacedThreshold:
 
     @property
     def debt(self) -> float:
-        """Samples spent beyond the budget of the questions finished so far."""
+        """Samples spent beyond the budget: by finished questions, and open ones past it."""
         if self.budget_per_question is None:
             return 0.0
-        return self.num_samples - self.budget_per_question * self.num_questions
+        finished = self.num_samples - self.budget_per_question * self.num_questions
+        return finished + self._open_excess
 
     @property
     def log_tau(self) -> float:
@@ -242,10 +259,25 @@ class PacedThreshold:
             return 0.0
         return self.mean_samples / self.budget_per_question - 1.0
 
+    def _excess(self, num_samples: int) -> float:
+        if self.budget_per_question is None:
+            return 0.0
+        return max(0.0, num_samples - self.budget_per_question)
+
+    def spend(self, before: int, after: int) -> None:
+        """An open question went from ``before`` to ``after`` samples."""
+        self._open_excess += self._excess(after) - self._excess(before)
+
+    def close(self, num_samples: int) -> None:
+        """An open question reported to :meth:`spend` with ``num_samples`` samples is no
+        longer open (answered: :meth:`observe` it too; or its caller left)."""
+        self._open_excess -= self._excess(num_samples)
+
     def observe(self, num_samples: int) -> None:
         """A question finished with ``num_samples`` samples."""
         self.num_questions += 1
         self.num_samples += num_samples
         if self.budget_per_question is not None:
             excess = num_samples - self.budget_per_question
-            self._base = min(_MAX_LOG_TAU, max(_MIN_LOG_TAU, self._base + self.gain * excess))
+            step = self.gain * (1.0 + self.warmup / self.num_questions) * excess
+            self._base = min(_MAX_LOG_TAU, max(_MIN_LOG_TAU, self._base + step))

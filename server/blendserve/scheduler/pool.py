@@ -95,6 +95,7 @@ class _Open:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     abstained_finish_reason: str | None = None
     rounds: int = 0
+    paced: int = 0  # samples reported to the pacing controller
 
 
 class Pool:
@@ -173,6 +174,8 @@ class Pool:
                 failures = 0
                 state.rounds += 1
                 await self._record(state, samples)
+                self.threshold.spend(n, state.votes.num_samples[0])
+                state.paced = state.votes.num_samples[0]
             # Stopped below tau, else at the cap (the same tau decided both).
             confident = self.rule.is_done(*state.votes.state(0), 0, log_tau)
             event = self._answer(state, partial=False, capped=not confident)
@@ -182,6 +185,7 @@ class Pool:
             self._report()
             return event
         finally:
+            self.threshold.close(state.paced)
             self.num_open -= 1
             metrics.QUEUED_QUESTIONS.dec()
 

@@ -1,9 +1,10 @@
 """Online self-consistency on a stream of recorded questions, as the service runs it.
 
 Questions arrive one at a time in a seeded random order (a client at
-concurrency 1); each is sampled in waves of :meth:`StoppingRule.samples_to_stop`
+concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
 until it stops, and the pacing controller learns ``tau`` from each finished
-question. The method's spec reads ``online[:score=asc,cap=8,target=0.01]``.
+question. The method's spec reads
+``online[:score=asc,cap=8,target=0.01,growth=0,extra=48,first=0.5]``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ class OnlineSpec:
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, as a multiple of the mean budget.
         target: a fixed ``tau`` (a quality target) instead of pacing to the budget.
+        growth: waves are at least this share of the samples a question has.
+        extra: a question's cap is at most this many samples beyond the budget.
+        first: a question's first wave is at least this share of the budget.
     """
 
     score: Score = "asc"
     cap: float = 8.0
     target: float | None = None
+    growth: float = 0.0
+    extra: float = 48.0
+    first: float = 0.5
 
     @classmethod
     def parse(cls, text: str) -> OnlineSpec:
@@ -53,15 +60,18 @@ class OnlineSpec:
             try:
                 if key == "score" and value in SCORES:
                     options[key] = value
-                elif key in ("cap", "target") and sep:
+                elif key in ("cap", "target", "growth", "extra", "first") and sep:
                     options[key] = float(value)
                 else:
                     raise ValueError
             except ValueError:
                 raise ValueError(
-                    f"bad option {item!r} in {text!r} (known: score=asc|ppr, cap=, target=)"
+                    f"bad option {item!r} in {text!r} "
+                    "(known: score=asc|ppr, cap=, target=, growth=, extra=, first=)"
                 ) from None
         spec = cls(**options)
+        if not (spec.growth >= 0 and spec.extra >= 0 and spec.first >= 0):
+            raise ValueError(f"growth, extra and first must be at least 0 in {text!r}")
         if not spec.cap >= 1.0:
             raise ValueError(f"cap must be at least 1 (a multiple of the budget), got {spec.cap}")
         if spec.target is not None and not 0.0 < spec.target < 1.0:
@@ -106,7 +116,14 @@ def run_online(
         pace = PacedThreshold(None, log_tau=math.log(spec.target))
     else:
         pace = PacedThreshold(budget_per_question)
-    rule = StoppingRule.for_budget(budget_per_question, score=spec.score, cap=spec.cap)
+    rule = StoppingRule.for_budget(
+        budget_per_question,
+        score=spec.score,
+        cap=spec.cap,
+        max_extra=spec.extra,
+        min_growth=spec.growth,
+        first_share=spec.first,
+    )
     draws = AnswerDraws(dataset, seed)
     order = np.random.default_rng((seed, 1)).permutation(dataset.num_questions)
     votes = VoteState(dataset.num_questions)
@@ -115,12 +132,15 @@ def run_online(
     log_taus = np.zeros(len(order))
     num_wrong = 0
     for i, q in enumerate(order.tolist()):
-        log_taus[i] = log_tau = pace.log_tau
-        while m := rule.wave_size(*votes.state(q), votes.num_samples[q], log_tau):
+        log_taus[i] = pace.log_tau
+        while m := rule.wave_size(*votes.state(q), votes.num_samples[q], pace.log_tau):
             rounds[i] += 1
+            before = votes.num_samples[q]
             for _ in range(m):
                 votes.add(q, draws.next(q))
+            pace.spend(before, before + m)
         samples[i] = votes.num_samples[q]
+        pace.close(votes.num_samples[q])
         pace.observe(votes.num_samples[q])
         num_wrong += votes.answer(q) != 0
     return OnlineRun(num_wrong, samples, rounds, log_taus)

@@ -48,9 +48,58 @@ def test_a_first_wave_is_the_least_a_unanimous_question_needs() -> None:
 
 
 def test_the_cap_is_a_multiple_of_the_budget_and_bounded_beyond_it() -> None:
-    assert StoppingRule.for_budget(8).max_num_samples == 40
+    assert StoppingRule.for_budget(8).max_num_samples == 56
+    assert StoppingRule.for_budget(30).max_num_samples == 78
     assert StoppingRule.for_budget(3).max_num_samples == 24
     assert StoppingRule.for_budget(3, cap=2).max_num_samples == 6
+
+
+def test_the_first_wave_is_a_share_of_the_budget_and_top_ups_are_the_least() -> None:
+    rule = StoppingRule.for_budget(20)
+    log_tau = math.log(0.03)  # a unanimous question could stop after 5 samples
+    assert rule.wave_size(0, 0, 0, 0, log_tau) == 10
+    assert rule.wave_size(6, 4, 2, 10, log_tau) == StoppingRule(
+        "asc", rule.max_num_samples
+    ).samples_to_stop(6, 4, 2, 10, log_tau)
+    assert StoppingRule.for_budget(20, first_share=0).wave_size(0, 0, 0, 0, log_tau) == 5
+
+
+def test_open_questions_past_the_budget_count_in_the_debt_until_they_end() -> None:
+    pace = PacedThreshold(8)
+    start = pace.log_tau
+    pace.spend(0, 6)
+    assert pace.debt == 0 and pace.log_tau == start
+    pace.spend(6, 20)
+    assert pace.debt == 12 and pace.log_tau > start
+    pace.close(20)  # its caller left: it is not paced
+    assert pace.debt == 0 and pace.num_questions == 0
+    pace.spend(0, 20)
+    pace.close(20)
+    pace.observe(20)
+    assert pace.debt == 12 and pace.num_questions == 1
+
+
+def test_pacing_meets_the_budget_with_many_questions_open() -> None:
+    rng = random.Random(2)
+    rule = StoppingRule.for_budget(6)
+    pace = PacedThreshold(6)
+    open_votes: list[VoteState] = []
+    started = 0
+    while pace.num_questions < 200:
+        while len(open_votes) < 32 and started < 400:  # 32 questions in flight
+            open_votes.append(VoteState(1))
+            started += 1
+        votes = open_votes[rng.randrange(len(open_votes))]
+        n = votes.num_samples[0]
+        p = [0.95, 0.95, 0.95, 0.8, 0.6, 0.45][id(votes) % 6]
+        if rule.is_done(*votes.state(0), n, pace.log_tau):
+            pace.close(n)
+            pace.observe(n)
+            open_votes.remove(votes)
+            continue
+        votes.add(0, 0 if rng.random() < p else rng.randrange(1, 4))
+        pace.spend(n, n + 1)
+    assert abs(pace.pacing_error) < 0.15
 
 
 def test_pacing_meets_the_budget_from_a_cold_start() -> None:
