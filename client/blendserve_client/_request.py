@@ -24,22 +24,37 @@ def solve_body(
     model: str | None,
     settle_delta: float,
     concurrency: int | None,
+    confidence: float | None,
+    max_samples_per_question: int | None,
     stream: bool,
 ) -> dict[str, Any]:
-    """The JSON body; a plain string question is a prompt."""
+    """The JSON body; a plain string question is a prompt.
+
+    With ``confidence`` the default ``policy`` and ``settle_delta`` stay out
+    (a quality target has neither; others go, for the service to refuse).
+    """
     body: dict[str, Any] = {
         "questions": [{"prompt": q} if isinstance(q, str) else dict(q) for q in questions],
-        "policy": policy,
-        "settle_delta": settle_delta,
         "stream": stream,
     }
+    if confidence is None or policy != "blend":
+        body["policy"] = policy
+    if confidence is None or settle_delta != 0.0:
+        body["settle_delta"] = settle_delta
     if budget is not None:
         body["budget"] = budget
     if budget_per_question is not None:
         body["budget_per_question"] = budget_per_question
     if answer is not None:
         body["answer"] = {"kind": answer} if isinstance(answer, str) else dict(answer)
-    for name, value in (("sampling", sampling), ("model", model), ("concurrency", concurrency)):
+    optional = (
+        ("sampling", sampling),
+        ("model", model),
+        ("concurrency", concurrency),
+        ("confidence", confidence),
+        ("max_samples_per_question", max_samples_per_question),
+    )
+    for name, value in optional:
         if value is not None:
             body[name] = dict(value) if isinstance(value, Mapping) else value
     return body

@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget", type=int, help="total samples")
     budget.add_argument("--budget-per-question", type=float)
+    budget.add_argument(
+        "--confidence", type=float, help="quality target instead of a budget, in (0.5, 1)"
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service")
     parser.add_argument("--api-key", help="bearer key")
     parser.add_argument("--policy", default="blend")
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             for event in client.stream(
                 questions, budget=args.budget, budget_per_question=args.budget_per_question,
                 policy=args.policy, answer=answer, sampling=sampling or None, model=args.model,
-                settle_delta=args.settle_delta,
+                settle_delta=args.settle_delta, confidence=args.confidence,
             ):  # fmt: skip
                 if isinstance(event, Answer):
                     bar.write(event.model_dump_json(), file=sys.stdout)

@@ -62,18 +62,23 @@ class Client:
         model: str | None = None,
         settle_delta: float = 0.0,
         concurrency: int | None = None,
+        confidence: float | None = None,
+        max_samples_per_question: int | None = None,
     ) -> SolveResult:
         """Runs a job and returns every answer.
 
         Args:
             questions: prompts, or ``{"id", "prompt" | "messages"}`` objects.
-            budget: total samples (or give ``budget_per_question``).
+            budget: total samples (or give ``budget_per_question``, or ``confidence``).
             policy: ``blend`` (default), ``asc``, ``ppr``, ``esc`` or ``sc``.
             answer: answer kind (``"number"``) or ``{"kind", "pattern"}``.
             sampling: temperature, top_p, max_tokens, stop, seed, ...
             model: upstream model.
             settle_delta: stop a question at this PPR-1v1 error (0: never).
             concurrency: samples in flight.
+            confidence: a quality target instead of a budget: each question stops
+                once ``P[its answer is not the most likely one] <= 1 - confidence``.
+            max_samples_per_question: with ``confidence``, the cap (default 64).
 
         Raises:
             APIError: the service refused the job.
@@ -81,7 +86,8 @@ class Client:
         body = solve_body(
             questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
             answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, stream=False,
+            concurrency=concurrency, confidence=confidence,
+            max_samples_per_question=max_samples_per_question, stream=False,
         )  # fmt: skip
         response = self._http.post("/solve", json=body)
         raise_for_error(response)
@@ -99,6 +105,8 @@ class Client:
         model: str | None = None,
         settle_delta: float = 0.0,
         concurrency: int | None = None,
+        confidence: float | None = None,
+        max_samples_per_question: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Runs a job and yields each answer as it settles, progress, then the summary.
 
@@ -107,7 +115,8 @@ class Client:
         body = solve_body(
             questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
             answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, stream=True,
+            concurrency=concurrency, confidence=confidence,
+            max_samples_per_question=max_samples_per_question, stream=True,
         )  # fmt: skip
         with self._http.stream("POST", "/solve", json=body) as response:
             if not response.is_success:
@@ -168,12 +177,15 @@ class AsyncClient:
         model: str | None = None,
         settle_delta: float = 0.0,
         concurrency: int | None = None,
+        confidence: float | None = None,
+        max_samples_per_question: int | None = None,
     ) -> SolveResult:
         """Runs a job and returns every answer (see :meth:`Client.solve`)."""
         body = solve_body(
             questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
             answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, stream=False,
+            concurrency=concurrency, confidence=confidence,
+            max_samples_per_question=max_samples_per_question, stream=False,
         )  # fmt: skip
         response = await self._http.post("/solve", json=body)
         raise_for_error(response)
@@ -191,12 +203,15 @@ class AsyncClient:
         model: str | None = None,
         settle_delta: float = 0.0,
         concurrency: int | None = None,
+        confidence: float | None = None,
+        max_samples_per_question: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Yields answers as they settle, progress, then the summary (see :meth:`Client.stream`)."""
         body = solve_body(
             questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
             answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, stream=True,
+            concurrency=concurrency, confidence=confidence,
+            max_samples_per_question=max_samples_per_question, stream=True,
         )  # fmt: skip
         async with self._http.stream("POST", "/solve", json=body) as response:
             if not response.is_success:

@@ -460,3 +460,43 @@ def test_sigterm_answers_a_json_job_longer_than_the_grace_as_cancelled() -> None
         assert process.wait(timeout=15) == 0
         stderr = process.communicate()[1]
     assert "Traceback" not in stderr, stderr
+
+
+def test_sigterm_answers_pool_questions_past_the_grace_with_partial_answers() -> None:
+    # /v1's default: the question joins an always-open pool, which gets the grace as jobs do.
+    body = {"prompt": "What is 6 times 7?", "blendserve": {"answer": "number"}}
+    with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=60)
+            wait_until(
+                lambda: _metric(url, "blendserve_in_flight_samples") > 0, 15, "samples in flight"
+            )
+            terminated = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            response = pending.result()
+            cut = time.monotonic() - terminated
+        assert response.status_code == 200, response.text
+        votes = response.json()["blendserve"][0]
+        assert votes["partial"] and votes["samples"] == 0 and not votes["settled_early"]
+        assert 1 <= cut < 15, cut
+        assert process.wait(timeout=15) == 0
+        stderr = process.communicate()[1]
+    assert "Traceback" not in stderr, stderr
+
+
+def test_sigterm_ends_a_quality_target_stream_past_the_grace_with_partial_answers() -> None:
+    job = {k: v for k, v in SHUTDOWN_JOB.items() if k != "budget"} | {"confidence": 0.9}
+    with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
+        with httpx.stream("POST", f"{url}/solve", json=job, timeout=60) as response:
+            assert response.status_code == 200
+            process.send_signal(signal.SIGTERM)
+            events = _events(response)
+        answers = [data for name, data in events if name == "answer"]
+        assert sorted(a["id"] for a in answers) == ["q-easy", "q-split"]
+        assert all(a["partial"] and a["samples"] == 0 for a in answers)
+        (done,) = [data for name, data in events if name == "done"]
+        assert done["status"] == "cancelled" and "shutting down" in done["error"]
+        assert done["budget"] == {"total": 128, "spent": 0, "unspent": 128}
+        assert process.wait(timeout=15) == 0
+        stderr = process.communicate()[1]
+    assert "Traceback" not in stderr, stderr

@@ -220,6 +220,10 @@ def _within_limits(case: Any) -> Any:
         per_question = body.get("budget_per_question")
         if isinstance(per_question, (int, float)) and not isinstance(per_question, bool):
             body["budget_per_question"] = max(1.0, min(per_question, most / max(count, 1)))
+        if body.get("confidence") is not None and count:  # its cap times the questions
+            cap = body.get("max_samples_per_question")
+            cap = cap if isinstance(cap, int) and not isinstance(cap, bool) else 64
+            body["max_samples_per_question"] = max(1, min(cap, most // count))
     return case
 
 

@@ -131,6 +131,102 @@ def test_bad_requests_are_422_with_the_field(
         assert error["param"].startswith(param)
 
 
+# --- a quality target instead of a budget ----------------------------------------------
+
+
+def test_confidence_stops_each_question_at_the_target_or_its_cap(
+    server: LiveServer, engine: ReplayEngine
+) -> None:
+    response = _solve(server.url, confidence=0.99, max_samples_per_question=40)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "completed"
+    answers = {a["id"]: a for a in body["answers"]}
+    assert [a["index"] for a in body["answers"]] == [0, 1, 2]
+    # Unanimous votes: ASC's P[p1 < p2] = 2^-(n + 1), at most 0.01 from 6 samples on.
+    sure = answers["sure"]
+    assert sure["answer"] == "3" and sure["samples"] == 6 and sure["settled_early"]
+    for a in body["answers"]:
+        assert a["settled_early"] == (a["confidence"]["asc"] <= 0.01), a
+        assert a["settled_early"] or a["samples"] == 40
+        assert not a["partial"]
+    spent = sum(a["samples"] for a in body["answers"])
+    # The budget is the cap times the questions; unspent is what the target saved.
+    assert body["budget"] == {"total": 120, "spent": spent, "unspent": 120 - spent}
+    assert body["usage"]["samples"] == spent == engine.stats.samples
+
+
+def test_confidence_streams_each_answer_as_it_settles() -> None:
+    with serve_engine(ReplayEngine(RECORDS, seed=5, latency=LatencyModel(fixed=0.05))) as live:
+        events = _sse(live.url, confidence=0.99, max_samples_per_question=200, concurrency=64)
+        headers = {"Accept": "application/x-ndjson"}
+        payload = {"questions": QUESTIONS, "answer": {"kind": "number"}, "confidence": 0.9}
+        ndjson = httpx.post(f"{live.url}/solve", json=payload, headers=headers, timeout=30)
+    names = [name for name, _ in events]
+    assert names == ["answer"] * 3 + ["done"]
+    answers = [data for name, data in events if name == "answer"]
+    # The unanimous question takes one wave; the 60/40 split needs more, so it comes last.
+    assert answers[0]["id"] in ("sure", "easy") and answers[-1]["id"] == "split"
+    assert answers[-1]["samples"] > answers[0]["samples"]
+    done = events[-1][1]
+    assert done["status"] == "completed" and done["budget"]["total"] == 600
+    assert done["budget"]["spent"] == sum(a["samples"] for a in answers)
+    lines = [json.loads(line) for line in ndjson.text.splitlines()]
+    assert [line["event"] for line in lines] == ["answer"] * 3 + ["done"]
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"confidence": 0.9, "budget": 30}, "budget"),
+        ({"confidence": 0.9, "budget_per_question": 8}, "budget_per_question"),
+        ({"confidence": 0.9, "policy": "blend"}, "policy"),
+        ({"confidence": 0.9, "settle_delta": 0.1}, "settle_delta"),
+        ({"confidence": 0.9, "in_flight_per_question": 1}, "in_flight_per_question"),
+        ({"confidence": 0.5}, "confidence"),
+        ({"confidence": 1}, "confidence"),
+        ({"budget": 30, "max_samples_per_question": 8}, "max_samples_per_question"),
+        ({"confidence": 0.9, "max_samples_per_question": 0}, "max_samples_per_question"),
+    ],
+)
+def test_confidence_refuses_budget_fields_with_the_param(
+    server: LiveServer, body: dict[str, Any], param: str
+) -> None:
+    response = _solve(server.url, **body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_confidence_over_the_job_limit_names_the_cap() -> None:
+    with serve_engine(ReplayEngine(RECORDS), max_budget_per_job=100) as live:
+        response = _solve(live.url, confidence=0.9)  # 3 questions x 64 samples
+        assert response.status_code == 422
+        assert response.json()["error"]["param"] == "max_samples_per_question"
+        assert _solve(live.url, confidence=0.9, max_samples_per_question=30).status_code == 200
+
+
+def test_clients_take_a_confidence(server: LiveServer) -> None:
+    import asyncio
+
+    with Client(server.url) as client:
+        result = client.solve(QUESTIONS, confidence=0.95, answer="number")
+        assert result.status == "completed" and result.by_id()["sure"].samples == 4
+        assert result.budget.total == 64 * 3
+        with pytest.raises(APIError) as info:
+            client.solve(QUESTIONS, confidence=0.95, policy="asc")
+        assert info.value.status_code == 422 and info.value.param == "policy"
+
+    async def streamed() -> list[Any]:
+        async with AsyncClient(server.url) as client:
+            stream = client.stream(QUESTIONS, confidence=0.95, max_samples_per_question=8)
+            return [e async for e in stream]
+
+    events = asyncio.run(asyncio.wait_for(streamed(), 30))
+    assert sum(isinstance(e, Answer) for e in events) == 3
+    assert isinstance(events[-1], SolveResult) and events[-1].budget.total == 24
+
+
 def test_health_and_models(server: LiveServer) -> None:
     health = httpx.get(f"{server.url}/health").json()
     assert health == {"status": "ok", "engine": "replay", "upstreams": {"replay": True}}

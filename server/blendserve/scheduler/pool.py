@@ -4,10 +4,11 @@ A question joins at once (no grouping wait), is sampled in waves of
 :meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
 with ``n = k``, then smaller top-ups) and is answered as soon as its
 uncertainty is at most the pool's ``tau``, it reaches its cap, or its caller
-leaves. ``tau`` is paced so that the mean samples per question meet the
-pool's budget (or fixed, for a quality target). Waves of every open question
-share ``concurrency`` samples in flight: first waves go first, then the least
-sure questions.
+leaves (:meth:`Pool.cancel` ends them all at once with the answers they have:
+a shutdown past its grace). ``tau`` is paced so that the mean samples per
+question meet the pool's budget (or fixed, for a quality target). Waves of
+every open question share ``concurrency`` samples in flight: first waves go
+first, then the least sure questions.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class PoolSpec:
         return PacedThreshold(max(1.0, self.budget_per_question))
 
 
-@dataclass
+@dataclass(eq=False)
 class _Open:
     """One open question of the pool."""
 
@@ -96,6 +97,8 @@ class _Open:
     abstained_finish_reason: str | None = None
     rounds: int = 0
     paced: int = 0  # samples reported to the pacing controller
+    cut: bool = False  # Pool.cancel ended it
+    wave: asyncio.Task[list[Sample]] | None = None  # its requests in flight
 
 
 class Pool:
@@ -121,6 +124,7 @@ class Pool:
         self._waiting: list[tuple[float, int, int, asyncio.Future[None]]] = []
         self._order: itertools.count[int] = itertools.count()
         self._tasks: set[asyncio.Task[AnswerEvent]] = set()
+        self._open: set[_Open] = set()
         self.num_open = 0
         self.num_rounds = 0
 
@@ -140,6 +144,18 @@ class Pool:
         """The threshold now."""
         return self.threshold.tau
 
+    def cancel(self, reason: str) -> None:
+        """Ends every open question now with the samples it has, as a cancelled job's.
+
+        Their requests in flight are cancelled; each question's task ends with
+        its answer, marked partial (not counted towards the pacing). Questions
+        submitted later run as usual. ``reason`` is for the log of a caller.
+        """
+        for state in self._open:
+            state.cut = True
+            if state.wave is not None:
+                state.wave.cancel()
+
     async def aclose(self) -> None:
         """Cancels every open question."""
         for task in list(self._tasks):
@@ -148,19 +164,33 @@ class Pool:
 
     async def _run(self, question: Question) -> AnswerEvent:
         state = _Open(question, VoteState(1), {}, Usage())
+        self._open.add(state)
         self.num_open += 1
         metrics.QUEUED_QUESTIONS.inc()
         failures = 0
         try:
             while True:
+                if state.cut:
+                    return self._answer(state, partial=True, capped=False)
                 log_tau = self.threshold.log_tau
                 n = state.votes.num_samples[0]
                 wave = self.rule.wave_size(*state.votes.state(0), n, log_tau)
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
+                samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave))
                 try:
-                    samples = await self._wave(state, wave)
+                    # wait(), not await: cancel() cuts the wave, not this question's task.
+                    await asyncio.wait((samples_task,))
+                finally:
+                    state.wave = None
+                    if not samples_task.done():  # this question's task was cancelled
+                        samples_task.cancel()
+                        await asyncio.gather(samples_task, return_exceptions=True)
+                if samples_task.cancelled():
+                    continue  # cut by cancel()
+                try:
+                    samples = samples_task.result()
                 except EngineError as exc:
                     failures += 1
                     if failures >= self.spec.max_consecutive_failures:
@@ -186,6 +216,7 @@ class Pool:
             return event
         finally:
             self.threshold.close(state.paced)
+            self._open.discard(state)
             self.num_open -= 1
             metrics.QUEUED_QUESTIONS.dec()
 

@@ -78,6 +78,7 @@ def create_app(
             request_timeout=settings.upstream_timeout,
             score=settings.sc_score,
             cap=settings.sc_cap,
+            running=app.state.running,
         )
         app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.

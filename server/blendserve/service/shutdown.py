@@ -1,4 +1,5 @@
-"""Graceful shutdown: running jobs get a grace period, then end with the answers they have."""
+"""Graceful shutdown: running jobs and pool questions get a grace period, then end with
+the answers they have."""
 
 from __future__ import annotations
 
@@ -6,41 +7,65 @@ import asyncio
 import math
 import socket
 import weakref
+from typing import Protocol, TypeVar
 
 import uvicorn
 
-from blendserve.scheduler import Job
+from blendserve.scheduler import JobStatus
+from blendserve.scheduler.pool import Pool
 
-__all__ = ["DrainingServer", "RunningJobs"]
+__all__ = ["Cancellable", "DrainingServer", "RunningJobs"]
 
 #: Seconds a cancelled job's handler gets to send its partial answers.
 _FLUSH_S = 5
 
 
+class Cancellable(Protocol):
+    """A job a shutdown may end early: it then answers with what it has."""
+
+    status: JobStatus
+
+    def cancel(self, reason: str) -> None:
+        """Ends the job now; its caller gets partial answers (a no-op once it ended)."""
+
+
+_J = TypeVar("_J", bound=Cancellable)
+
+
 class RunningJobs:
-    """The jobs this service started (held weakly: a finished job drops out)."""
+    """The jobs and online pools this service started (held weakly: a finished job drops out)."""
 
     def __init__(self) -> None:
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
+        self._jobs: weakref.WeakSet[Cancellable] = weakref.WeakSet()
+        self._pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
-    def add(self, job: Job) -> Job:
+    def add(self, job: _J) -> _J:
         """Tracks ``job`` until it is gone; returns it."""
         self._jobs.add(job)
         return job
 
+    def add_pool(self, pool: Pool) -> Pool:
+        """Tracks ``pool`` until it is gone; returns it."""
+        self._pools.add(pool)
+        return pool
+
     def cancel_all(self, reason: str) -> int:
-        """Cancels every job still running (see :meth:`Job.cancel`); returns how many."""
+        """Cancels every running job and ends every open pool question; returns how many."""
         running = [job for job in self._jobs if not job.status.finished]
         for job in running:
             job.cancel(reason)
-        return len(running)
+        pools = list(self._pools)
+        num_open = sum(pool.num_open for pool in pools)
+        for pool in pools:
+            pool.cancel(reason)
+        return len(running) + num_open
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server whose shutdown cancels the jobs still running after ``grace`` seconds.
 
     On SIGTERM uvicorn stops accepting and waits for open requests; jobs
-    still running after the grace are cancelled, so each request ends
+    and pool questions still running after the grace are cancelled, so each request ends
     normally with its partial answers (status ``cancelled``) instead of
     being cut. uvicorn's own cut comes a few seconds later, for requests
     that still do not end.

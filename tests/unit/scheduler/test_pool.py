@@ -14,7 +14,7 @@ from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 
-from tests.support.fake_engine import SeedRecordingEngine
+from tests.support.fake_engine import FakeEngine, SeedRecordingEngine
 
 T = TypeVar("T")
 
@@ -107,6 +107,32 @@ def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
         assert engine.stats.in_flight == 0 and pool.num_open == 0
 
     _run(leave())
+    assert pool.threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+
+
+def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() -> None:
+    # An even split never reaches the target: only the cut ends the question.
+    engine = FakeEngine({"q0": [("1", 0.5), ("2", 0.5)]}, seed=6)
+    pool = Pool(PoolSpec(budget_per_question=None, target=1e-6, max_cap=10_000), engine, _keyer)
+
+    async def cut() -> AnswerEvent:
+        task = pool.submit(_question(0))
+        while not engine.served:  # some samples have voted
+            await asyncio.sleep(0)
+        engine.stall = True
+        sent = len(engine.requests)
+        while not (len(engine.requests) > sent and engine.in_flight):  # a stalled wave
+            await asyncio.sleep(0)
+        stalled = engine.in_flight  # the wave's requests (n is at most 16 each)
+        pool.cancel("the service is shutting down")
+        event = await task
+        assert engine.in_flight == 0 and engine.cancelled == stalled and pool.num_open == 0
+        return event
+
+    event = _run(cut())
+    assert event.partial and not event.settled_early
+    assert 0 < event.samples == sum(event.votes.values()) == len(engine.served)
+    assert event.answer in ("1", "2")
     assert pool.threshold.num_questions == 0 and pool._free == pool.spec.concurrency
 
 

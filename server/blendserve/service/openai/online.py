@@ -19,6 +19,7 @@ from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import AnswerEvent, Keyer, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.service.openai.grouping import Grouper, GroupSettings, Ticket
+from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["DropIn", "OnlinePools", "OnlineTicket"]
 
@@ -50,6 +51,8 @@ class OnlinePools:
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, a multiple of the budget.
         max_pools: idle pools beyond this many are dropped (their pacing restarts).
+        running: where the pools are tracked for a shutdown, whose grace ends their
+            open questions with partial answers (None: a set of its own).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class OnlinePools:
         score: Score = "asc",
         cap: float = 8.0,
         max_pools: int = 64,
+        running: RunningJobs | None = None,
     ) -> None:
         self.engine = engine
         self._keyer_for = keyer_for
@@ -70,6 +74,7 @@ class OnlinePools:
         self.score = score
         self.cap = cap
         self.max_pools = max_pools
+        self.running = running if running is not None else RunningJobs()
         self.pools: dict[str, Pool] = {}
         self._ids = itertools.count()
 
@@ -96,7 +101,7 @@ class OnlinePools:
             aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
             name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"
             keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-            pool = self.pools[key] = Pool(spec, self.engine, keyer, name)
+            pool = self.pools[key] = self.running.add_pool(Pool(spec, self.engine, keyer, name))
         return pool
 
     def submit(

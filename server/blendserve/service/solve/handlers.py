@@ -21,8 +21,10 @@ from blendserve.scheduler import (
     ProgressEvent,
     Question,
 )
+from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.service.limits import Slot
 from blendserve.service.settings import Settings
+from blendserve.service.solve.pooled import PooledJob
 from blendserve.service.solve.schemas import (
     AnswerOut,
     BudgetOut,
@@ -33,6 +35,9 @@ from blendserve.service.solve.schemas import (
 )
 
 __all__ = ["build_job", "collect", "make_keyer", "ndjson_lines", "sse_frames"]
+
+#: What a request runs: a budgeted job, or a batch with a quality target.
+Runnable = Job | PooledJob
 
 _STATUS = {
     JobStatus.COMPLETED: "completed",
@@ -66,9 +71,10 @@ def make_keyer(kind: str, pattern: str | None) -> Keyer:
 _CHUNK = 1000
 
 
-async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Job:
-    """The scheduler job for a validated request, with the service's job defaults.
+async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Runnable:
+    """The job for a validated request, with the service's job defaults.
 
+    With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``.
     A large request is built a chunk of questions at a time, yielding to the
     event loop in between: ten requests of 10,000 questions arriving at once
     then take turns with ``/health`` instead of running back to back.
@@ -81,22 +87,38 @@ async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -
             Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
             for i, q in enumerate(request.questions[start : start + _CHUNK], start)
         ]
+    keyer = make_keyer(request.answer.kind, request.answer.pattern)
+    sampling = request.sampling.to_sampling_params()
+    concurrency = request.concurrency or settings.default_concurrency
+    if request.confidence is not None:
+        pool_spec = PoolSpec(
+            budget_per_question=None,
+            target=1.0 - request.confidence,
+            sampling=sampling,
+            model=request.model,
+            answer_kind=request.answer.kind,
+            score="asc",
+            max_cap=request.cap,
+            concurrency=concurrency,
+            request_timeout=settings.upstream_timeout,
+        )
+        return PooledJob(Pool(pool_spec, engine, keyer, "solve"), questions)
     spec = JobSpec(
         questions=questions,
         budget=request.total_budget,
         policy=PolicySpec.parse(request.policy),
-        sampling=request.sampling.to_sampling_params(),
+        sampling=sampling,
         model=request.model,
         answer_kind=request.answer.kind,
         settle_delta=request.settle_delta,
-        concurrency=request.concurrency or settings.default_concurrency,
+        concurrency=concurrency,
         in_flight_per_question=(
             request.in_flight_per_question or settings.default_in_flight_per_question
         ),
         request_timeout=settings.upstream_timeout,
         failure_timeout=settings.job_failure_timeout,
     )
-    return Job(spec, engine, make_keyer(request.answer.kind, request.answer.pattern))
+    return Job(spec, engine, keyer)
 
 
 def answer_out(event: AnswerEvent) -> AnswerOut:
@@ -126,7 +148,7 @@ def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
     )
 
 
-async def _events(job: Job, slot: Slot | None) -> AsyncGenerator[Event, None]:
+async def _events(job: Runnable, slot: Slot | None) -> AsyncGenerator[Event, None]:
     """The job's events; each answer gives its question's admission slot back."""
     async with aclosing(job.events()) as events:
         async for event in events:
@@ -135,7 +157,7 @@ async def _events(job: Job, slot: Slot | None) -> AsyncGenerator[Event, None]:
             yield event
 
 
-async def collect(job: Job, slot: Slot | None = None) -> SolveResponse:
+async def collect(job: Runnable, slot: Slot | None = None) -> SolveResponse:
     """Runs the job to the end and returns every answer in question order.
 
     Args:
@@ -160,7 +182,7 @@ def _payload(event: Event) -> tuple[str, dict[str, object]]:
     return "done", _summary(event, []).model_dump(exclude={"answers"})
 
 
-async def sse_frames(job: Job, slot: Slot | None = None) -> AsyncIterator[str]:
+async def sse_frames(job: Runnable, slot: Slot | None = None) -> AsyncIterator[str]:
     """Server-sent events: ``answer``, ``progress``, then ``done`` (``slot`` as for collect)."""
     # Closed with the response, however it ends: the job's requests go with it.
     async with aclosing(_events(job, slot)) as events:
@@ -169,7 +191,7 @@ async def sse_frames(job: Job, slot: Slot | None = None) -> AsyncIterator[str]:
             yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-async def ndjson_lines(job: Job, slot: Slot | None = None) -> AsyncIterator[str]:
+async def ndjson_lines(job: Runnable, slot: Slot | None = None) -> AsyncIterator[str]:
     """One JSON object a line: ``{"event": ..., "data": ...}`` (``slot`` as for collect)."""
     async with aclosing(_events(job, slot)) as events:
         async for event in events:

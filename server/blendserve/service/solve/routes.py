@@ -32,6 +32,9 @@ router = APIRouter()
 async def solve(body: SolveRequest, request: Request) -> SolveResponse | Response:
     """Answers every question by adaptive self-consistency within one budget.
 
+    With ``confidence`` instead of a budget, each question stops at that
+    quality target (or its cap), in a pool of the request's own.
+
     Streams server-sent events (``answer`` per question as it settles,
     ``progress``, ``done``) with ``stream: true`` or ``Accept:
     text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
@@ -49,7 +52,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         prompts,
         body.total_budget,
         questions_param="questions",
-        budget_param="budget" if body.budget is not None else "budget_per_question",
+        budget_param=_budget_param(body),
     )
     job = state.running.add(await build_job(body, state.engine, state.settings))
     slot = state.admission.admit(len(body.questions))
@@ -71,3 +74,10 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         return Response(status_code=499)
     finally:
         slot.release()
+
+
+def _budget_param(body: SolveRequest) -> str:
+    """The field a request's total budget comes from (a cap, with ``confidence``)."""
+    if body.confidence is not None:
+        return "max_samples_per_question"
+    return "budget" if body.budget is not None else "budget_per_question"

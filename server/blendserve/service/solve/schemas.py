@@ -14,6 +14,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
@@ -41,6 +42,17 @@ SERVING_POLICIES = ("blend", "asc", "ppr", "esc", "sc")
 #: The policy strings the OpenAPI schema documents (validation parses them, see check_policy).
 _POLICY_OPTION = r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?)"
 POLICY_PATTERN = rf"^(blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
+
+#: With a quality target: the default cap per question (as /v1's).
+DEFAULT_MAX_SAMPLES = 64
+#: Fields of a budgeted batch that a quality target leaves without meaning.
+_BUDGET_FIELDS = (
+    "budget",
+    "budget_per_question",
+    "policy",
+    "settle_delta",
+    "in_flight_per_question",
+)
 
 #: Chat messages as OpenAI takes them; validated by check_messages.
 ChatMessages = Annotated[
@@ -126,6 +138,20 @@ def _exactly_one_of(*names: str) -> Callable[[dict[str, Any]], None]:
         schema["oneOf"] = [{"required": [name]} for name in names]
 
     return extra
+
+
+def _budget_or_target(schema: dict[str, Any]) -> None:
+    """Documents "``budget``, ``budget_per_question`` or ``confidence``, each with its fields"."""
+    _not_null(schema, *_BUDGET_FIELDS[:2], "confidence", "max_samples_per_question")
+    no_cap = {"not": {"required": ["max_samples_per_question"]}}
+    schema["oneOf"] = [
+        {"required": ["budget"], **no_cap},
+        {"required": ["budget_per_question"], **no_cap},
+        {
+            "required": ["confidence"],
+            "not": {"anyOf": [{"required": [name]} for name in _BUDGET_FIELDS]},
+        },
+    ]
 
 
 def _pattern_with_regex(schema: dict[str, Any]) -> None:
@@ -225,7 +251,7 @@ class SolveRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         allow_inf_nan=False,
-        json_schema_extra=_exactly_one_of("budget", "budget_per_question"),
+        json_schema_extra=_budget_or_target,
     )
 
     questions: list[QuestionIn] = Field(min_length=1)
@@ -252,6 +278,18 @@ class SolveRequest(BaseModel):
             "rounds, fewer means decisions closer to the sequential policy's"
         ),
     )
+    confidence: float | None = Field(
+        None,
+        gt=0.5,
+        lt=1,
+        description=(
+            "quality target instead of a budget: each question stops once P[its answer is "
+            "not the most likely one] <= 1 - confidence, or at max_samples_per_question"
+        ),
+    )
+    max_samples_per_question: int | None = Field(
+        None, ge=1, le=1_000_000, description="with confidence: the cap (default 64)"
+    )
     stream: bool = False
 
     @field_validator("policy")
@@ -261,6 +299,25 @@ class SolveRequest(BaseModel):
 
     @model_validator(mode="after")
     def _budget(self) -> SolveRequest:
+        if self.confidence is not None:
+            # A quality target spends what each question needs: no budget to split.
+            for name in _BUDGET_FIELDS:
+                if name in self.model_fields_set:
+                    raise PydanticCustomError(
+                        "invalid_field",
+                        "{message}",
+                        {"message": f"{name} does not go with confidence", "param": name},
+                    )
+            return self
+        if self.max_samples_per_question is not None:
+            raise PydanticCustomError(
+                "invalid_field",
+                "{message}",
+                {
+                    "message": "max_samples_per_question goes with confidence only",
+                    "param": "max_samples_per_question",
+                },
+            )
         if (self.budget is None) == (self.budget_per_question is None):
             raise ValueError("give exactly one of budget and budget_per_question")
         if self.total_budget < len(self.questions):
@@ -271,8 +328,15 @@ class SolveRequest(BaseModel):
         return self
 
     @property
+    def cap(self) -> int:
+        """With ``confidence``: the most samples a question may take."""
+        return self.max_samples_per_question or DEFAULT_MAX_SAMPLES
+
+    @property
     def total_budget(self) -> int:
-        """The budget in samples."""
+        """The budget in samples (with ``confidence``: the cap times the questions)."""
+        if self.confidence is not None:
+            return self.cap * len(self.questions)
         if self.budget is not None:
             return self.budget
         assert self.budget_per_question is not None
