@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from blendserve.engines.base import SamplingParams
+from blendserve.service.fields import RequestModel
 from blendserve.service.solve.schemas import (
     POLICY_PATTERN,
     AnswerFormat,
@@ -55,7 +56,7 @@ def _token_ids(value: object, param: str) -> None:
             raise _invalid(f"{param}.{j}", "a token id must be an integer >= 0")
 
 
-class BlendserveOptions(BaseModel):
+class BlendserveOptions(RequestModel):
     """Per-request self-consistency settings; unset fields take the server's defaults."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -94,7 +95,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Request(BaseModel):
+class _Request(RequestModel):
     """Fields both completion routes share."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)

@@ -20,6 +20,7 @@ from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SamplingParams
 from blendserve.errors import RequestValidationError
+from blendserve.service.fields import RequestModel
 
 __all__ = [
     "AnswerFormat",
@@ -210,7 +211,7 @@ class AnswerFormat(BaseModel):
         return self
 
 
-class SamplingIn(BaseModel):
+class SamplingIn(RequestModel):
     """Sampling parameters, as in the OpenAI and vLLM APIs."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -245,7 +246,7 @@ class SamplingIn(BaseModel):
         )
 
 
-class SolveRequest(BaseModel):
+class SolveRequest(RequestModel):
     """A batch of questions sharing one sample budget."""
 
     model_config = ConfigDict(
