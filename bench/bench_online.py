@@ -31,8 +31,8 @@ from blendserve.service import Settings, create_app
 
 # Mean budgets at which the simulator's online method reaches SC@32's error.
 BUDGETS = {
-    "esc_lastletters_gpt35.jsonl": 5.5,
-    "faithfulcot_date_codex_ltm.jsonl": 6.0,
+    "esc_lastletters_gpt35.jsonl": 5.2,
+    "faithfulcot_date_codex_ltm.jsonl": 3.2,
     "trove_math_codellama7b_pot.jsonl": 19.0,
 }
 

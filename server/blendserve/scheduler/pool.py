@@ -46,7 +46,7 @@ class PoolSpec:
         model: upstream model name.
         answer_kind: answer format passed to the engine (a replay hint).
         score: the uncertainty thresholded (``asc`` or ``ppr``).
-        cap: a question's cap, a multiple of the budget (8 x 8 = 64 by default).
+        cap: a question's cap, a multiple of the budget (and at most 48 beyond it).
         max_cap: with a quality target, the cap in samples.
         concurrency: samples in flight for the whole pool.
         max_samples_per_request: largest ``n`` of one engine request.
@@ -60,7 +60,7 @@ class PoolSpec:
     model: str | None = None
     answer_kind: str = "auto"
     score: Score = "asc"
-    cap: float = 8.0
+    cap: float = 16.0
     max_cap: int = 64
     concurrency: int = 64
     max_samples_per_request: int = 16

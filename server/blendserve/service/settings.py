@@ -60,7 +60,7 @@ class Settings(BaseSettings):
         "online", description="online: per-question stopping paced to the budget; grouped: jobs"
     )
     sc_score: Literal["asc", "ppr"] = Field("asc", description="uncertainty online stopping uses")
-    sc_cap: float = Field(8.0, ge=1, description="online cap, a multiple of the budget")
+    sc_cap: float = Field(16.0, ge=1, description="online cap, a multiple of the budget")
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"

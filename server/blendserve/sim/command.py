@@ -19,7 +19,7 @@ from blendserve.sim.efficiency import (
 )
 from blendserve.sim.synthetic import FAMILIES, synthetic
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "split_methods"]
 
 DEFAULT_METHODS = "sc,esc,asc,ppr,blend,oracle"
 
@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--questions", type=int, default=1000, help="synthetic set size")
     parser.add_argument("--targets", default="32", help="comma-separated x of SC@x (default 32)")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated policies, "
-                        "each optionally with options, e.g. asc:cap=16")  # fmt: skip
+                        "each with options, e.g. asc:cap=16,online:cap=4,first=0")  # fmt: skip
     parser.add_argument("--reps", type=int, default=10, help="seeded repetitions per point")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first repetition")
     parser.add_argument("--batch", type=int, default=1, help="questions selected per decision")
@@ -120,11 +120,28 @@ def _plot(path: Path, curves: dict[str, Curve], rows: list[TargetResult], title:
     plt.close(fig)
 
 
+def split_methods(text: str) -> list[str]:
+    """``"asc:cap=16,window=8,blend"`` -> ``["asc:cap=16,window=8", "blend"]``.
+
+    A comma starts a new method unless what follows is another ``key=value``
+    option of the one before.
+    """
+    methods: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if methods and "=" in item and ":" not in item:
+            methods[-1] += f",{item}"
+        else:
+            methods.append(item)
+    return methods
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the simulation; bad input is one line on stderr and exit code 2."""
     try:
         targets = _targets(args.targets)
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        methods = split_methods(args.methods)
         if not methods:
             raise ValueError("--methods is empty")
         if args.reps < 1 or args.batch < 1 or args.questions < 1:

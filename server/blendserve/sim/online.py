@@ -4,7 +4,7 @@ Questions arrive one at a time in a seeded random order (a client at
 concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
 until it stops, and the pacing controller learns ``tau`` from each finished
 question. The method's spec reads
-``online[:score=asc,cap=8,target=0.01,growth=0,extra=48,first=0.5]``.
+``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5]``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class OnlineSpec:
     """
 
     score: Score = "asc"
-    cap: float = 8.0
+    cap: float = 16.0
     target: float | None = None
     growth: float = 0.0
     extra: float = 48.0

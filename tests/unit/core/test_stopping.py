@@ -50,7 +50,7 @@ def test_a_first_wave_is_the_least_a_unanimous_question_needs() -> None:
 def test_the_cap_is_a_multiple_of_the_budget_and_bounded_beyond_it() -> None:
     assert StoppingRule.for_budget(8).max_num_samples == 56
     assert StoppingRule.for_budget(30).max_num_samples == 78
-    assert StoppingRule.for_budget(3).max_num_samples == 24
+    assert StoppingRule.for_budget(2).max_num_samples == 32
     assert StoppingRule.for_budget(3, cap=2).max_num_samples == 6
 
 

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 from blendserve.cli import main
+from blendserve.sim.command import split_methods
 
 
 def _data(tmp_path: Path) -> Path:
@@ -75,3 +76,12 @@ def test_bad_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert main(["simulate", "--data", str(path)]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_method_keeps_every_option_after_its_colon() -> None:
+    assert split_methods("asc:cap=16,window=8, blend,online:cap=4,first=0,,sc") == [
+        "asc:cap=16,window=8",
+        "blend",
+        "online:cap=4,first=0",
+        "sc",
+    ]

@@ -63,7 +63,7 @@ class OnlinePools:
         concurrency: int,
         request_timeout: float | None = None,
         score: Score = "asc",
-        cap: float = 8.0,
+        cap: float = 16.0,
         max_pools: int = 64,
         running: RunningJobs | None = None,
     ) -> None:
