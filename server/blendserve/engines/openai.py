@@ -78,6 +78,7 @@ from blendserve.engines.openai_wire import (
     sampling_body,
     split_credentials,
 )
+from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
@@ -91,7 +92,7 @@ _log = logging.getLogger(__name__)
 _SEED_SPACE = 2**31 - 1
 
 
-class OpenAIEngine(Engine):
+class OpenAIEngine(Engine, PassThrough):
     """Samples from OpenAI-compatible upstreams serving the same model.
 
     Args:
