@@ -1,7 +1,7 @@
 """An OpenAI engine's replicas: connections, probes, pass-through, prompt token counts.
 
-Balancing, affinity and the circuit breaker rules are
-:mod:`blendserve.engines._replicas`'; this module does the I/O around them. A
+Balancing, affinity and the circuit breaker rules live in
+:mod:`blendserve.engines._replicas`; this module does the I/O around them. A
 replica whose breaker is open (or half-open with its trials in flight) is
 probed with ``GET {url}/models`` every ``probe_interval`` seconds by a
 background task that runs only while some breaker is not closed; a 200

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -79,15 +78,9 @@ from blendserve.engines.openai_wire import (
     split_credentials,
 )
 from blendserve.engines.passthrough import PassThrough
-from blendserve.errors import (
-    EngineProtocolError,
-    EngineTimeout,
-    EngineUnavailable,
-)
+from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 
 __all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
-
-_log = logging.getLogger(__name__)
 
 _SEED_SPACE = 2**31 - 1
 
