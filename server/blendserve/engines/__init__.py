@@ -1,5 +1,6 @@
 """Engines: one interface over OpenAI-compatible upstreams, vLLM in-process and replay."""
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, SamplingParams
+from blendserve.engines.passthrough import PassThrough
 
-__all__ = ["Engine", "EngineHealth", "GenerateRequest", "Sample", "SamplingParams"]
+__all__ = ["Engine", "EngineHealth", "GenerateRequest", "PassThrough", "Sample", "SamplingParams"]

@@ -161,22 +161,5 @@ class Engine(ABC):
         """Model names the engine serves."""
         return []
 
-    async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
-        """Sends an OpenAI request body to ``{upstream}/v1{path}`` unchanged.
-
-        For requests that turn self-consistency off. None: this engine has no
-        OpenAI upstream (the service then answers from :meth:`generate`).
-        """
-        return None
-
-    async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
-        """Calls vLLM's tokenizer endpoint ``path`` at the upstream's root, reply unchanged.
-
-        ``path`` is ``/tokenize``, ``/detokenize`` (``body`` POSTed) or
-        ``/tokenizer_info`` (``body`` None: a GET). None: this engine has no
-        upstream to ask.
-        """
-        return None
-
     async def aclose(self) -> None:
         """Releases connections, processes and engine state."""

@@ -32,6 +32,7 @@ import httpx
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import EngineUnavailable
 
 __all__ = [
@@ -265,7 +266,7 @@ class EmbeddedLlamaServer:
 _MAX_TEXTS = 1024  # detokenized prompts kept
 
 
-class EmbeddedEngine(Engine):
+class EmbeddedEngine(Engine, PassThrough):
     """The OpenAI engine over an embedded llama.cpp server it owns."""
 
     name = "embedded"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from blendserve import metrics
+from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
@@ -330,10 +331,7 @@ class Job:
             )
             tasks = list(in_flight)
             in_flight.clear()
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_all(tasks)
 
     def _in_flight_limit(self) -> int:
         """Samples the job may have in flight now (see the class docstring)."""

@@ -8,6 +8,8 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from blendserve._cancel import cancel_all
+
 __all__ = ["ClientGone", "while_connected"]
 
 _T = TypeVar("_T")
@@ -30,5 +32,4 @@ async def while_connected(request: Request, work: Awaitable[_T]) -> _T:
                 raise ClientGone
     finally:
         if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_all([task])

@@ -10,8 +10,10 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from blendserve._cancel import within
 from blendserve.engines.base import GenerateRequest, SamplingParams
-from blendserve.engines.openai import OpenAIEngine, _retry_after, _within
+from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.openai_wire import retry_after
 from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
@@ -339,14 +341,14 @@ def test_a_backoff_past_the_deadline_gives_up_at_once() -> None:
 
 def test_retry_after_is_parsed_and_capped() -> None:
     def after(value: str) -> float | None:
-        return _retry_after(httpx.Response(429, headers={"Retry-After": value}))
+        return retry_after(httpx.Response(429, headers={"Retry-After": value}))
 
     assert after("1.5") == 1.5
     assert after("100000") == 30.0
     assert after("-3") == 0.0
     assert after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert after("soon") is None
-    assert _retry_after(httpx.Response(429)) is None
+    assert retry_after(httpx.Response(429)) is None
 
 
 def test_extra_may_not_set_engine_owned_fields() -> None:
@@ -457,7 +459,7 @@ def test_a_cancellation_racing_with_completion_is_not_swallowed() -> None:
         async def inner() -> int:
             return await upstream
 
-        outer = asyncio.ensure_future(_within(inner(), 10))
+        outer = asyncio.ensure_future(within(inner(), 10))
         for _ in range(2):
             await asyncio.sleep(0)
         upstream.set_result(1)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from blendserve.engines.base import Engine, GenerateRequest, Sample
+from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import BlendserveError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.disconnect import ClientGone, while_connected
@@ -186,7 +187,11 @@ async def _pass_through(
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     slot: Slot = request.app.state.admission.admit(1, param=param)
     try:
-        reply = await while_connected(request, engine.forward(path, raw))
+        reply = (
+            await while_connected(request, engine.forward(path, raw))
+            if isinstance(engine, PassThrough)
+            else None
+        )
     except ClientGone:
         slot.release()
         return Response(status_code=499)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from blendserve.engines.base import Engine
+from blendserve.engines.passthrough import PassThrough
 from blendserve.service.errors import error_body, error_responses
 
 __all__ = ["router"]
@@ -30,7 +31,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def _ask(request: Request, path: str, body: dict[str, Any] | None) -> Response:
     engine: Engine = request.app.state.engine
-    reply = await engine.tokenizer(path, body)
+    reply = await engine.tokenizer(path, body) if isinstance(engine, PassThrough) else None
     if reply is None:
         message = f"the {engine.name} engine has no tokenizer: {path} needs an upstream"
         return JSONResponse(error_body(message, "invalid_request_error", 404), 404)

@@ -1,0 +1,69 @@
+"""When an engine request that failed is tried again, and what it raises when it is not."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import httpx
+
+from blendserve.errors import EngineTimeout, EngineUnavailable
+
+__all__ = ["RetryPolicy", "exhausted"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of one logical request: how many, and how long to wait before each.
+
+    Attributes:
+        max_retries: retries after the first attempt.
+        backoff_base: first backoff in seconds, doubled per retry (capped at
+            ``max_backoff``) with jitter.
+        max_retry_after: the longest ``Retry-After`` waited for; an upstream
+            asking for longer ends the request at once.
+        max_backoff: the longest backoff.
+    """
+
+    max_retries: int = 3
+    backoff_base: float = 0.2
+    max_retry_after: float = 30.0
+    max_backoff: float = 10.0
+
+    @property
+    def attempts(self) -> int:
+        """Attempts at most, the first included."""
+        return self.max_retries + 1
+
+    def delay(
+        self,
+        attempt: int,
+        retry_after: float | None,
+        now: float,
+        deadline: float,
+        rng: random.Random,
+    ) -> float | None:
+        """Seconds to wait after failed attempt ``attempt`` (0-based); None: give up.
+
+        The wait is ``retry_after`` when the upstream gave one, else a jittered
+        exponential backoff; a request gives up rather than wait past its
+        ``deadline`` or longer than ``max_retry_after``.
+        """
+        if retry_after is not None and retry_after > self.max_retry_after:
+            return None
+        delay = self._backoff(attempt, rng) if retry_after is None else retry_after
+        return None if now + delay >= deadline else delay
+
+    def _backoff(self, attempt: int, rng: random.Random) -> float:
+        ceiling = min(self.max_backoff, self.backoff_base * 2.0**attempt)
+        return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def exhausted(last: Exception | None, attempts: int) -> Exception:
+    """The error of a request whose attempts all failed, ``last`` the last one's."""
+    detail = f"after {attempts} attempt(s): {last!r}"
+    if isinstance(last, httpx.TimeoutException) and not isinstance(
+        last, (httpx.ConnectTimeout, httpx.PoolTimeout)
+    ):
+        return EngineTimeout(f"upstream timed out {detail}")
+    return EngineUnavailable(f"no upstream could serve {detail}")

@@ -1,0 +1,215 @@
+"""The OpenAI wire format and the retry policy, without I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import httpx
+import pytest
+from blendserve.engines._retry import RetryPolicy, exhausted
+from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.openai_wire import (
+    collect_events,
+    error_message,
+    lines,
+    normalise_base_url,
+    parse_response,
+    parse_samples,
+    request_body,
+    retry_after,
+    sampling_body,
+    split_credentials,
+)
+from blendserve.errors import (
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+    RequestValidationError,
+)
+
+
+async def _chunks(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+async def _text_lines(parts: Iterable[bytes]) -> list[str]:
+    return [line async for line in lines(_chunks(parts))]
+
+
+def _events(*chunks: dict[str, Any], done: bool = True) -> list[bytes]:
+    sse = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+    return [*sse, b"data: [DONE]\n\n"] if done else sse
+
+
+def _collect(parts: list[bytes]) -> dict[str, Any]:
+    return asyncio.run(collect_events(lines(_chunks(parts))))
+
+
+def test_urls_end_in_v1_and_lose_their_credentials() -> None:
+    assert normalise_base_url(" http://h:8000/ ") == "http://h:8000/v1"
+    assert normalise_base_url("https://h/v1") == "https://h/v1"
+    assert split_credentials("http://u:p%40w@h:8000") == ("http://h:8000/v1", "Basic dTpwQHc=")
+    assert split_credentials("http://h") == ("http://h/v1", None)
+    with pytest.raises(ValueError, match="ftp://h") as raised:
+        normalise_base_url("ftp://user:secret@h")
+    assert "secret" not in str(raised.value)
+
+
+def test_lines_split_across_chunks_and_strip_carriage_returns() -> None:
+    parts = [b"da", b"ta: a\r\nda", b"ta: b\n\nlast"]
+    assert asyncio.run(_text_lines(parts)) == ["data: a", "data: b", "", "last"]
+
+
+def test_a_chat_stream_is_reassembled_per_choice() -> None:
+    payload = _collect(
+        _events(
+            {"choices": [{"index": 1, "delta": {"content": "B"}}]},
+            {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+            {"choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": "stop"}]},
+            {"choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": "length"}]},
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}},
+        )
+    )
+    assert payload == {
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"content": "A"}},
+            {"index": 1, "finish_reason": "length", "message": {"content": "Bb"}},
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    }
+    (sample,) = parse_samples(payload, True, "up")[:1]
+    assert (sample.text, sample.prompt_tokens, sample.upstream) == ("A", 3, "up")
+
+
+def test_a_completions_stream_without_usage_counts_its_chunks() -> None:
+    payload = _collect(
+        _events({"choices": [{"text": "4"}]}, {"choices": [{"text": "2", "finish_reason": "stop"}]})
+    )
+    assert payload == {
+        "choices": [{"index": 0, "finish_reason": "stop", "text": "42"}],
+        "usage": {"completion_tokens": 2},
+    }
+
+
+def test_a_stream_chunk_that_is_not_json_is_a_protocol_error() -> None:
+    with pytest.raises(EngineProtocolError, match="not JSON"):
+        _collect([b"data: {oops\n\n"])
+
+
+def test_samples_follow_choice_indices_and_share_the_usage() -> None:
+    payload = {
+        "choices": [
+            {"index": 1, "text": "b", "finish_reason": "length"},
+            {"index": 0, "text": "a", "finish_reason": "stop"},
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7},
+    }
+    samples = parse_samples(payload, False, "up")
+    assert [s.text for s in samples] == ["a", "b"]
+    assert [s.completion_tokens for s in samples] == [4, 3]
+    assert {s.prompt_tokens for s in samples} == {5}
+
+
+def test_a_chat_choice_with_null_content_is_an_empty_sample() -> None:
+    payload = {"choices": [{"message": {"content": None, "reasoning_content": "..."}}]}
+    assert parse_samples(payload, True, "up")[0].text == ""
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        ({}, "no choices"),
+        ({"choices": ["x"]}, "not an object"),
+        ({"choices": [{"text": "a"}]}, "no message"),
+    ],
+)
+def test_unusable_payloads_are_protocol_errors(payload: Any, match: str) -> None:
+    with pytest.raises(EngineProtocolError, match=match):
+        parse_samples(payload, True, "up")
+
+
+def test_a_response_is_json_with_at_most_the_choices_asked_for() -> None:
+    two = httpx.Response(200, json={"choices": [{"text": "a"}, {"text": "b"}]})
+    assert len(parse_response(two, False, 2, "up")) == 2
+    with pytest.raises(EngineProtocolError, match="2 choices for n=1"):
+        parse_response(two, False, 1, "up")
+    with pytest.raises(EngineProtocolError, match="not JSON"):
+        parse_response(httpx.Response(200, text="<html>"), False, 1, "up")
+
+
+def test_retry_after_is_seconds_or_a_date_and_capped() -> None:
+    def parsed(value: str) -> float | None:
+        return retry_after(httpx.Response(429, headers={"Retry-After": value}))
+
+    assert parsed("1.5") == 1.5
+    assert parsed("-3") == 0.0
+    assert parsed("3600") == 30.0
+    assert parsed("nan") is None
+    assert parsed("soon") is None
+    later = email.utils.formatdate(time.time() + 10, usegmt=True)
+    assert 8 <= (parsed(later) or 0) <= 10
+    assert retry_after(httpx.Response(503)) is None
+
+
+def test_error_messages_come_from_the_usual_fields() -> None:
+    assert error_message(httpx.Response(400, json={"error": {"message": "bad"}})) == "bad"
+    assert error_message(httpx.Response(400, json={"detail": "nope"})) == "nope"
+    assert error_message(httpx.Response(502, text="")) == "Bad Gateway"
+
+
+def test_a_request_body_carries_the_set_params_and_refuses_engine_owned_ones() -> None:
+    params = SamplingParams(temperature=0.5, stop=("x",), extra={"top_k": 3, "foo": 1})
+    body = request_body(GenerateRequest(prompt="p", params=params), "m")
+    assert body == {
+        "model": "m",
+        "prompt": "p",
+        "temperature": 0.5,
+        "stop": ["x"],
+        "top_k": 3,
+        "foo": 1,
+    }
+    chat = request_body(
+        GenerateRequest(messages=[{"role": "user", "content": "q"}], model="o"), "m"
+    )
+    assert chat == {"model": "o", "messages": [{"role": "user", "content": "q"}]}
+    with pytest.raises(RequestValidationError) as raised:
+        request_body(GenerateRequest(prompt="p", params=SamplingParams(extra={"seed": 1})), None)
+    assert raised.value.param == "params.extra.seed"
+
+
+def test_a_sampling_body_adds_n_seed_and_stream() -> None:
+    assert json.loads(sampling_body({"prompt": "p"}, 1, None, False)) == {"prompt": "p"}
+    assert json.loads(sampling_body({"prompt": "p"}, 3, 7, True)) == {
+        "prompt": "p",
+        "n": 3,
+        "seed": 7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with pytest.raises(RequestValidationError):
+        sampling_body({"temperature": float("nan")}, 1, None, False)
+
+
+def test_the_retry_policy_backs_off_or_honours_retry_after_within_the_deadline() -> None:
+    policy = RetryPolicy(max_retries=2, backoff_base=1.0, max_retry_after=5.0)
+    rng = random.Random(0)
+    assert policy.attempts == 3
+    assert 2.0 <= (policy.delay(2, None, 0.0, 100.0, rng) or 0) <= 4.0
+    assert 5.0 <= (policy.delay(9, None, 0.0, 100.0, rng) or 0) <= 10.0  # capped at 10 s
+    assert policy.delay(0, 3.0, 0.0, 100.0, rng) == 3.0
+    assert policy.delay(0, 6.0, 0.0, 100.0, rng) is None  # longer than max_retry_after
+    assert policy.delay(0, 3.0, 98.0, 100.0, rng) is None  # past the deadline
+
+
+def test_exhausted_retries_name_a_timeout_or_unavailability() -> None:
+    request = httpx.Request("POST", "http://up/v1/completions")
+    assert isinstance(exhausted(httpx.ReadTimeout("slow", request=request), 2), EngineTimeout)
+    assert isinstance(exhausted(httpx.ConnectTimeout("x", request=request), 2), EngineUnavailable)
+    assert "after 1 attempt(s)" in str(exhausted(None, 1))
