@@ -59,9 +59,9 @@ def test_chat_content_is_a_sample_with_the_voted_answer(
     assert reply.object == "chat.completion" and len(reply.choices) == 1
     content = reply.choices[0].message.content
     assert content is not None and extract(content, "number") == vote["answer"]
-    # Online stopping (the default): a contested question runs to its cap, 16 + 32.
+    # Online stopping (the default): a contested question runs to its cap, 16 + 48.
     assert vote["samples"] == sum(vote["votes"].values()) == engine.stats.samples
-    assert 16 <= vote["samples"] <= 48 and vote["settled_early"] == (vote["samples"] < 48)
+    assert 16 <= vote["samples"] <= 64 and vote["settled_early"] == (vote["samples"] < 64)
     assert max(vote["votes"], key=vote["votes"].__getitem__) == vote["answer"]
     assert 0 <= vote["confidence"]["asc"] <= 0.5
     usage = reply.usage
