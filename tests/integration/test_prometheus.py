@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
-from tests.support.command import free_port
+from tests.support.command import PORT_TAKEN, free_port
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
 from tests.support.waiting import wait_until
@@ -43,7 +44,6 @@ def _expressions() -> list[str]:
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A Prometheus on loopback; the test writes its targets into ``targets.json``."""
-    port = free_port()
     targets = tmp_path / "targets.json"
     targets.write_text("[]")
     config = tmp_path / "prometheus.yml"
@@ -52,24 +52,35 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         "scrape_configs:\n  - job_name: test\n    file_sd_configs:\n"
         f"      - files: ['{targets}']\n        refresh_interval: 1s\n"
     )
-    url = f"http://127.0.0.1:{port}"
-    with (tmp_path / "prometheus.log").open("w") as log:
-        process = subprocess.Popen(
-            [
-                _binary("prometheus"),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-        try:
-            wait_until(lambda: _ready(url), 30, "prometheus to start")
-            yield url, targets
-        finally:
-            process.terminate()
-            process.wait(20)
+    for attempt in range(3):  # another process may take the free port before Prometheus does
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = tmp_path / "prometheus.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [
+                    _binary("prometheus"),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            try:
+                wait_until(partial(_up_or_exited, process, url), 30, "prometheus to start")
+                if process.poll() is None:
+                    yield url, targets
+                    return
+            finally:
+                process.terminate()
+                process.wait(20)
+        if PORT_TAKEN not in log_path.read_text() or attempt == 2:
+            raise AssertionError(f"prometheus exited:\n{log_path.read_text()}")
+
+
+def _up_or_exited(process: subprocess.Popen[bytes], url: str) -> bool:
+    return process.poll() is not None or _ready(url)
 
 
 def _ready(url: str) -> bool:

@@ -199,77 +199,71 @@ async def _chunks(
         state.in_flight -= 1
 
 
-def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI:
-    """The fake upstream app; setting ``killed`` drops every pending and later request."""
-    app = FastAPI()
-    kill = killed if killed is not None else asyncio.Event()
+async def _complete(
+    state: FakeState, kill: asyncio.Event, request: Request, chat: bool
+) -> Response:
+    """One completion request: a fault, an error, a stream or a JSON body."""
+    body = json.loads(await request.body())
+    state.requests += 1
+    if state.record:
+        state.bodies.append(body)
+        state.authorizations.append(request.headers.get("authorization"))
+    if state.retry_after is not None:
+        error = {"error": {"message": "slow down"}}
+        return JSONResponse(error, 429, headers={"Retry-After": state.retry_after})
+    fault = state.draw_fault()
+    if state.fail_next > 0 or fault == "error":
+        state.fail_next = max(0, state.fail_next - 1)
+        return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    streamed = bool(body.get("stream"))
+    try:
+        outcome = "done"
+        latency = state.latency + (state.slow_latency if fault == "slow" else 0.0)
+        if fault == "timeout" and not streamed:
+            latency = _HANG_S
+        if latency > 0:
+            outcome = await _wait(request, latency, kill)
+        if outcome == "disconnected":
+            state.disconnects += 1
+            return Response(status_code=204)  # nobody is listening
+        if state.drop or fault == "drop" or kill.is_set():
+            return _DropConnection()
+        n = int(body.get("n", 1)) if state.honour_n else 1
+        if streamed:
+            texts = [state.next_text() for _ in range(n)]
+            chunks = _chunks(state, texts, chat, stall=fault == "timeout")
+            state.in_flight += 1  # until the stream ends
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        payload = _payload(state, n, chat)
+        state.samples_served += n
+        return Response(json.dumps(payload), media_type="application/json")
+    finally:
+        state.in_flight -= 1
 
-    async def complete(request: Request, chat: bool) -> Response:
-        body = json.loads(await request.body())
-        state.requests += 1
-        if state.record:
-            state.bodies.append(body)
-            state.authorizations.append(request.headers.get("authorization"))
-        if state.retry_after is not None:
-            error = {"error": {"message": "slow down"}}
-            return JSONResponse(error, 429, headers={"Retry-After": state.retry_after})
-        fault = state.draw_fault()
-        if state.fail_next > 0 or fault == "error":
-            state.fail_next = max(0, state.fail_next - 1)
-            return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
-        state.in_flight += 1
-        state.max_in_flight = max(state.max_in_flight, state.in_flight)
-        streamed = bool(body.get("stream"))
-        try:
-            outcome = "done"
-            latency = state.latency + (state.slow_latency if fault == "slow" else 0.0)
-            if fault == "timeout" and not streamed:
-                latency = _HANG_S
-            if latency > 0:
-                outcome = await _wait(request, latency, kill)
-            if outcome == "disconnected":
-                state.disconnects += 1
-                return Response(status_code=204)  # nobody is listening
-            if state.drop or fault == "drop" or kill.is_set():
-                return _DropConnection()
-            n = int(body.get("n", 1)) if state.honour_n else 1
-            if streamed:
-                texts = [state.next_text() for _ in range(n)]
-                chunks = _chunks(state, texts, chat, stall=fault == "timeout")
-                state.in_flight += 1  # until the stream ends
-                return StreamingResponse(chunks, media_type="text/event-stream")
-            choices = []
-            for i in range(n):
-                text = state.next_text()
-                if chat:
-                    message = {"role": "assistant", "content": text}
-                    choices.append({"index": i, "message": message, "finish_reason": "stop"})
-                else:
-                    choices.append({"index": i, "text": text, "finish_reason": "length"})
-            state.samples_served += n
-            payload = {
-                "id": f"cmpl-{state.name}-{state.requests}",
-                "object": "chat.completion" if chat else "text_completion",
-                "model": state.model,
-                "choices": choices,
-                "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n},
-            }
-            return Response(json.dumps(payload), media_type="application/json")
-        finally:
-            state.in_flight -= 1
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, chat=True)
+def _payload(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
+    """A non-streamed completion body of ``n`` choices."""
+    choices = []
+    for i in range(n):
+        text = state.next_text()
+        if chat:
+            message = {"role": "assistant", "content": text}
+            choices.append({"index": i, "message": message, "finish_reason": "stop"})
+        else:
+            choices.append({"index": i, "text": text, "finish_reason": "length"})
+    return {
+        "id": f"cmpl-{state.name}-{state.requests}",
+        "object": "chat.completion" if chat else "text_completion",
+        "model": state.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n},
+    }
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await complete(request, chat=False)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        state.model_requests += 1
-        return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+def _add_tokenizer(app: FastAPI, state: FakeState) -> None:
+    """vLLM's tokenizer endpoints, answering 404 unless ``state.tokenizer``."""
 
     def no_tokenizer() -> Response:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
@@ -293,6 +287,27 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
         if not state.tokenizer:
             return no_tokenizer()
         return JSONResponse({"prompt": "".join(map(chr, (await request.json())["tokens"]))})
+
+
+def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI:
+    """The fake upstream app; setting ``killed`` drops every pending and later request."""
+    app = FastAPI()
+    kill = killed if killed is not None else asyncio.Event()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(state, kill, request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(state, kill, request, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        state.model_requests += 1
+        return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+
+    _add_tokenizer(app, state)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -153,6 +153,64 @@ class _QuestionState:
     abstained_finish_reason: str | None = None
 
 
+class _FailureStreak:
+    """Engine failures with no success in between: the backoff, and when the job gives up.
+
+    Args:
+        limit: failures in a row that end the job.
+        timeout: seconds a streak of transient failures must also last.
+    """
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self.limit = limit
+        self.timeout = timeout
+        self.count = 0
+        self.started = 0.0  # when the current streak began
+        self.resume_at = -math.inf  # no dispatch before this
+        self.error: str | None = None  # why the job gave up
+        self.cause: BaseException | None = None
+
+    def backoff(self, now: float) -> float:
+        """Seconds to wait before the next dispatch (0 once the job gave up)."""
+        return self.resume_at - now if self.error is None else 0.0
+
+    def succeeded(self) -> None:
+        """A request came back: the streak and its backoff end."""
+        self.count = 0
+        self.resume_at = -math.inf
+
+    def failed(self, exc: BaseException, now: float) -> bool:
+        """Counts a failure; True if it is the one that ends the job."""
+        if self.count == 0:
+            self.started = now
+        self.count += 1
+        self.resume_at = now + min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** min(self.count - 1, 16))
+        if self.error is not None or self.count < self.limit:
+            return False
+        lasted = now - self.started
+        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
+        if transient and lasted < self.timeout:
+            return False
+        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {exc}"
+        self.cause = exc
+        return True
+
+
+class _AnswerSweeper:
+    """Which questions may have a final answer once a request completes."""
+
+    def __init__(self, num_questions: int) -> None:
+        self.num_questions = num_questions
+        self.swept = False  # every question checked once the budget ran out
+
+    def candidates(self, q: int, policy: AllocationPolicy) -> Iterable[int]:
+        """Only ``q`` changed, unless the budget just ran out: then all may be final."""
+        if policy.num_remaining == 0 and not self.swept:
+            self.swept = True
+            return range(self.num_questions)
+        return (q,)
+
+
 class Job:
     """Runs one job; iterate :meth:`events` to drive it.
 
@@ -229,16 +287,12 @@ class Job:
         self._metrics = JobMetrics(len(self._states), self.spec.budget, started)
         last_progress = -math.inf
         in_flight = self._in_flight
-        failures = 0
-        streak_started = 0.0  # when the current failure streak began
-        resume_at = -math.inf  # no dispatch before this (backoff after a failure)
-        swept = False  # every question checked once the budget ran out
-        error: str | None = None
-        cause: BaseException | None = None
+        failures = _FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
+        sweeper = _AnswerSweeper(len(self._states))
         try:
             while True:
-                backoff = resume_at - loop.time() if error is None else 0.0
-                if error is None and backoff <= 0:
+                backoff = failures.backoff(loop.time())
+                if failures.error is None and backoff <= 0:
                     self._dispatch(in_flight)
                 if not in_flight:
                     if backoff > 0:
@@ -251,47 +305,9 @@ class Job:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 for task in done:
-                    q, n = in_flight.pop(task)
-                    metrics.IN_FLIGHT_SAMPLES.dec(n)
-                    exc = None if task.cancelled() else task.exception()
-                    if task.cancelled():  # abandoned: refund, not a failure
-                        for _ in range(n):
-                            self.policy.cancel(q)
-                    elif exc is None:
-                        failures = 0
-                        resume_at = -math.inf
-                        await self._record(q, task.result(), n)
-                    else:  # EngineError, or an engine's bug: refund, retry, give up eventually
-                        now = loop.time()
-                        if failures == 0:
-                            streak_started = now
-                        failures += 1
-                        resume_at = now + min(
-                            _MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** min(failures - 1, 16)
-                        )
-                        for _ in range(n):
-                            self.policy.cancel(q)
-                        lasted = now - streak_started
-                        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
-                        if (
-                            error is None
-                            and failures >= self.spec.max_consecutive_failures
-                            and (not transient or lasted >= self.spec.failure_timeout)
-                        ):
-                            error = (
-                                f"engine failed {failures} times in a row"
-                                f" over {lasted:.1f} s: {exc}"
-                            )
-                            cause = exc
-                            for other in in_flight:  # refunded below, never counted
-                                other.cancel()
-                    if error is None:
-                        # Only q changed, unless the budget ran out: then all may be final.
-                        if self.policy.num_remaining == 0 and not swept:
-                            swept = True
-                            candidates: Iterable[int] = range(len(self._states))
-                        else:
-                            candidates = (q,)
+                    q = await self._complete(task, failures, loop.time)
+                    if failures.error is None:
+                        candidates = sweeper.candidates(q, self.policy)
                         cut = self._cancelled is not None
                         for event in self._final_answers(candidates, partial=cut):
                             yield event
@@ -300,38 +316,82 @@ class Job:
                     last_progress = now
                     yield self._progress()
             everyone = range(len(self._states))
-            cut = error is not None or self._cancelled is not None
+            cut = failures.error is not None or self._cancelled is not None
             for event in self._final_answers(everyone, everything=True, partial=cut):
                 yield event
-            if self._cancelled is not None:
-                self.status, error = JobStatus.CANCELLED, error or self._cancelled
-            else:
-                self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
-            self._metrics.end(
-                self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, loop.time()
-            )
-            yield DoneEvent(
-                status=self.status,
-                budget=self.spec.budget,
-                spent=self.policy.num_dispatched,
-                usage=self._usage,
-                duration_s=loop.time() - started,
-                error=error,
-                cause=cause,
-                answered=self._num_answered,
-                settled=sum(map(self.policy.is_settled, range(len(self._states)))),
-            )
+            yield self._done(started, failures.error, failures.cause)
         finally:
-            if not self.status.finished:
-                self.status = JobStatus.CANCELLED
-            # Accounted before awaiting: a second cancellation may cut the wait short.
-            metrics.IN_FLIGHT_SAMPLES.dec(sum(n for _, n in in_flight.values()))
-            self._metrics.end(
-                self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, loop.time()
-            )
-            tasks = list(in_flight)
-            in_flight.clear()
-            await cancel_all(tasks)
+            await self._wind_down()
+
+    async def _complete(
+        self,
+        task: asyncio.Task[list[Sample]],
+        failures: _FailureStreak,
+        clock: Callable[[], float],
+    ) -> int:
+        """Accounts one finished request and returns its question.
+
+        Its samples are recorded, or refunded if it was cancelled (abandoned,
+        not a failure) or failed (an ``EngineError`` or an engine's bug: retried
+        after a backoff; the failure that ends the job cancels the rest).
+        """
+        q, n = self._in_flight.pop(task)
+        metrics.IN_FLIGHT_SAMPLES.dec(n)
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled():
+            self._refund(q, n)
+        elif exc is None:
+            failures.succeeded()
+            await self._record(q, task.result(), n)
+        else:
+            self._refund(q, n)
+            if failures.failed(exc, clock()):
+                for other in self._in_flight:  # refunded when they end, never counted
+                    other.cancel()
+        return q
+
+    def _refund(self, q: int, n: int) -> None:
+        for _ in range(n):
+            self.policy.cancel(q)
+
+    def _done(self, started: float, error: str | None, cause: BaseException | None) -> DoneEvent:
+        """Sets the final status and returns the summary."""
+        now = asyncio.get_running_loop().time
+        if self._cancelled is not None:
+            self.status, error = JobStatus.CANCELLED, error or self._cancelled
+        else:
+            self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
+        self._metrics.end(
+            self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, now()
+        )
+        return DoneEvent(
+            status=self.status,
+            budget=self.spec.budget,
+            spent=self.policy.num_dispatched,
+            usage=self._usage,
+            duration_s=now() - started,
+            error=error,
+            cause=cause,
+            answered=self._num_answered,
+            settled=sum(map(self.policy.is_settled, range(len(self._states)))),
+        )
+
+    async def _wind_down(self) -> None:
+        """Ends the job however it stopped: every request in flight cancelled and awaited."""
+        if not self.status.finished:
+            self.status = JobStatus.CANCELLED
+        in_flight = self._in_flight
+        # Accounted before awaiting: a second cancellation may cut the wait short.
+        metrics.IN_FLIGHT_SAMPLES.dec(sum(n for _, n in in_flight.values()))
+        self._metrics.end(
+            self.status.name.lower(),
+            self.spec.budget,
+            self.policy.num_dispatched,
+            asyncio.get_running_loop().time(),
+        )
+        tasks = list(in_flight)
+        in_flight.clear()
+        await cancel_all(tasks)
 
     def _in_flight_limit(self) -> int:
         """Samples the job may have in flight now (see the class docstring)."""

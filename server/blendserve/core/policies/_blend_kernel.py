@@ -55,6 +55,46 @@ def set_selectable(
 
 
 @njit(cache=True, nogil=True)
+def _slot_of(
+    table: NDArray[np.float64], num_questions: int, num_slots: int, log_asc: float, log_ppr: float
+) -> tuple[int, int]:
+    """The slot for scores ``(log_asc, log_ppr)`` (see :func:`move_question`) and the slots in use.
+
+    A slot that takes new scores is ranked from scratch here.
+    """
+    empty = -1
+    for s in range(num_slots):
+        if table[LOG_ASC, s] == log_asc and table[LOG_PPR, s] == log_ppr:
+            return s, num_slots
+        if empty < 0 and table[COUNT, s] == 0.0:
+            empty = s
+    if empty < 0:
+        empty = num_slots
+        num_slots += 1
+    table[LOG_ASC, empty] = log_asc
+    table[LOG_PPR, empty] = log_ppr
+    for r in range(2):
+        above = 0.0
+        for s in range(num_slots):
+            above += table[COUNT, s] * np.sign(table[LOG_ASC + r, empty] - table[LOG_ASC + r, s])
+        table[RANK_ASC + r, empty] = num_questions - above
+    return empty, num_slots
+
+
+@njit(cache=True, nogil=True)
+def _rerank(table: NDArray[np.float64], num_slots: int, old: int, new: int) -> None:
+    """Updates every slot's ranks for one question moving from slot ``old`` to slot ``new``."""
+    for r in range(2):
+        u_new = table[LOG_ASC + r, new]
+        u_old = table[LOG_ASC + r, old]
+        rank = table[RANK_ASC + r]
+        # The question moves from u_old to u_new: each slot's sum changes by this.
+        for s in range(num_slots):
+            u = table[LOG_ASC + r, s]
+            rank[s] += np.sign(u_new - u) - np.sign(u_old - u)
+
+
+@njit(cache=True, nogil=True)
 def move_question(
     table: NDArray[np.float64],
     start: NDArray[np.int64],
@@ -76,37 +116,10 @@ def move_question(
     Returns:
         The number of slots in use (``num_slots`` or one more).
     """
-    new = -1
-    empty = -1
-    for s in range(num_slots):
-        if table[LOG_ASC, s] == log_asc and table[LOG_PPR, s] == log_ppr:
-            new = s
-            break
-        if empty < 0 and table[COUNT, s] == 0.0:
-            empty = s
-    if new < 0:
-        if empty < 0:
-            empty = num_slots
-            num_slots += 1
-        new = empty
-        table[LOG_ASC, new] = log_asc
-        table[LOG_PPR, new] = log_ppr
-        num_questions = questions.shape[1]
-        for r in range(2):
-            above = 0.0
-            for s in range(num_slots):
-                above += table[COUNT, s] * np.sign(table[LOG_ASC + r, new] - table[LOG_ASC + r, s])
-            table[RANK_ASC + r, new] = num_questions - above
+    new, num_slots = _slot_of(table, questions.shape[1], num_slots, log_asc, log_ppr)
     old = questions[SLOT_OF, q]
     if old != new:
-        for r in range(2):
-            u_new = table[LOG_ASC + r, new]
-            u_old = table[LOG_ASC + r, old]
-            rank = table[RANK_ASC + r]
-            # Question q moves from u_old to u_new: each slot's sum changes by this.
-            for s in range(num_slots):
-                u = table[LOG_ASC + r, s]
-                rank[s] += np.sign(u_new - u) - np.sign(u_old - u)
+        _rerank(table, num_slots, old, new)
         table[COUNT, old] -= 1.0
         table[COUNT, new] += 1.0
         if questions[POSITION, q] >= start[1]:
