@@ -5,6 +5,7 @@ A real uvicorn server on loopback over the replay engine; jobs are held open
 by a replay latency and the tests poll the service's admission counters.
 """
 
+import asyncio
 import json
 import signal
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.service.limits import Admission
 from prometheus_client.parser import text_string_to_metric_families
@@ -371,6 +373,58 @@ def test_finished_jobs_give_their_slots_back() -> None:
                 assert response.status_code == 200, (path, response.text)
                 # A stream's slot goes back just after its last byte: poll, not sleep.
                 wait_until(_idle(live), 15, f"{path} to give its slots back")
+
+
+class _GatedReplay(ReplayEngine):
+    """Replay whose requests for ``gated`` wait until the test calls :meth:`open`."""
+
+    def __init__(self, gated: str) -> None:
+        super().__init__(RECORDS, seed=5)
+        self.gated = gated
+        self._gate: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        if request.prompt == self.gated:
+            if self._gate is None:
+                self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
+            await self._gate.wait()
+        return await super().generate(request)
+
+    def open(self) -> None:
+        """Lets the gated requests through (from the test's thread)."""
+        if self._loop is not None and self._gate is not None:
+            self._loop.call_soon_threadsafe(self._gate.set)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_grouped_v1_questions_give_their_admission_back_as_they_are_answered(
+    stream: bool,
+) -> None:
+    fast, slow, other = (RECORDS[i]["prompt"] for i in (1, 2, 3))
+    engine = _GatedReplay(gated=slow)
+    # One group of exactly these three questions: it starts when the third comes in.
+    grouped = {"sc_mode": "grouped", "group_wait_ms": 60_000, "group_max": 3}
+    with serve_engine(engine, **grouped) as live, ThreadPoolExecutor(2) as pool:
+        admission = _admission(live)
+        options = {"blendserve": {"answer": "number", "budget_per_question": 2}}
+        both = {"model": "replay", "prompt": [fast, slow], "stream": stream, **options}
+        alone = {"model": "replay", "prompt": other, **options}
+        url = f"{live.url}/v1/completions"
+        waiting = pool.submit(httpx.post, url, json=both, timeout=30)
+        try:
+            wait_until(lambda: admission.questions == 2, 15, "the two-question request admitted")
+            answered = pool.submit(httpx.post, url, json=alone, timeout=30).result()
+            assert answered.status_code == 200, answered.text
+            # The group job runs on, its slow question held at the engine: the request
+            # that was answered holds nothing, and the other holds only that question.
+            wait_until(lambda: admission.questions == 1, 15, "the fast question's slot back")
+            assert admission.jobs == 1 and not waiting.done()
+        finally:
+            engine.open()
+        response = waiting.result()
+        assert response.status_code == 200, response.text
+        wait_until(_idle(live), 15, "every slot given back")
 
 
 # --- graceful shutdown of the real command ------------------------------------------------

@@ -33,7 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -143,12 +151,13 @@ class JobSpec:
 
 @dataclass
 class _QuestionState:
+    """What a question's samples brought, from its first sample until its answer is out."""
+
     # canonical key -> first extracted answer, completion text and finish reason with that key
     answers: dict[str, str] = field(default_factory=dict)
     completions: dict[str, str] = field(default_factory=dict)
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
-    answered: bool = False
     abstained: str | None = None  # the last completion with no answer
     abstained_finish_reason: str | None = None
 
@@ -247,7 +256,11 @@ class Job:
             settle_delta=spec.settle_delta,
             max_in_flight=spec.budget,
         )
-        self._states = [_QuestionState() for _ in spec.questions]
+        self._num_questions = len(spec.questions)
+        # Only questions with samples and no answer yet have a state: a large job
+        # does not keep objects per question for the collector to walk.
+        self._states: dict[int, _QuestionState] = {}
+        self._answered = bytearray(self._num_questions)
         self._usage = Usage()
         self._num_answered = 0
         self._cancelled: str | None = None  # why cancel() ended the job
@@ -274,7 +287,7 @@ class Job:
         if self.status.finished or self._cancelled is not None:
             return
         self._cancelled = reason
-        for q in range(len(self._states)):
+        for q in range(self._num_questions):
             self.policy.stop(q)
         for task in self._in_flight:
             task.cancel()
@@ -284,11 +297,11 @@ class Job:
         self.status = JobStatus.RUNNING
         loop = asyncio.get_running_loop()
         started = loop.time()
-        self._metrics = JobMetrics(len(self._states), self.spec.budget, started)
+        self._metrics = JobMetrics(self._num_questions, self.spec.budget, started)
         last_progress = -math.inf
         in_flight = self._in_flight
         failures = _FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
-        sweeper = _AnswerSweeper(len(self._states))
+        sweeper = _AnswerSweeper(self._num_questions)
         try:
             while True:
                 backoff = failures.backoff(loop.time())
@@ -315,7 +328,7 @@ class Job:
                 if now - last_progress >= self.spec.progress_interval:
                     last_progress = now
                     yield self._progress()
-            everyone = range(len(self._states))
+            everyone = range(self._num_questions)
             cut = failures.error is not None or self._cancelled is not None
             for event in self._final_answers(everyone, everything=True, partial=cut):
                 yield event
@@ -373,7 +386,7 @@ class Job:
             error=error,
             cause=cause,
             answered=self._num_answered,
-            settled=sum(map(self.policy.is_settled, range(len(self._states)))),
+            settled=sum(map(self.policy.is_settled, range(self._num_questions))),
         )
 
     async def _wind_down(self) -> None:
@@ -423,7 +436,9 @@ class Job:
                 metrics.IN_FLIGHT_SAMPLES.inc(n)
 
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
-        state = self._states[q]
+        state = self._states.get(q)
+        if state is None:
+            state = self._states[q] = _QuestionState()
         for sample in samples[:requested]:
             # A sample cut at max_tokens is truncated: it must not vote.
             truncated = sample.finish_reason == "length"
@@ -445,21 +460,26 @@ class Job:
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False
-    ) -> list[AnswerEvent]:
-        events = []
+    ) -> Iterator[AnswerEvent]:
+        """The answers of ``candidates`` that are final, each built as it is asked for.
+
+        When the budget runs out, or the job ends, thousands of answers may be
+        final at once: built one at a time, a consumer that yields to the event
+        loop between them never holds it for the whole burst.
+        """
         policy = self.policy
         for q in candidates:
-            state = self._states[q]
-            if state.answered or policy.num_pending_of[q]:
+            if self._answered[q] or policy.num_pending_of[q]:
                 continue
             if everything or policy.is_finished(q):
-                state.answered = True
+                self._answered[q] = 1
                 # Its answer is out: a failed sample refunded after the budget ran
                 # out must go to a question still waiting, not change a sent answer.
                 policy.stop(q)
                 self._num_answered += 1
-                event = self._answer(q, partial and not policy.is_settled(q))
-                events.append(event)
+                cut = partial or self._cancelled is not None  # cancelled mid-burst
+                event = self._answer(q, cut and not policy.is_settled(q))
+                self._states.pop(q, None)
                 self._metrics.answer(
                     event.samples,
                     event.confidence.share,
@@ -467,11 +487,11 @@ class Job:
                     event.settled_early,
                     asyncio.get_running_loop().time(),
                 )
-        return events
+                yield event
 
     def _answer(self, q: int, partial: bool) -> AnswerEvent:
         votes = self.policy.votes
-        state = self._states[q]
+        state = self._states.get(q) or _QuestionState()
         n1, n2, num_distinct = votes.state(q)
         key = votes.answer(q)
         counts = {str(k): v for k, v in votes.counts[q].items()}
@@ -507,6 +527,6 @@ class Job:
             completed=policy.num_dispatched - policy.num_pending,
             budget=self.spec.budget,
             answered=self._num_answered,
-            settled=sum(map(policy.is_settled, range(len(self._states)))),
-            questions=len(self._states),
+            settled=sum(map(policy.is_settled, range(self._num_questions))),
+            questions=self._num_questions,
         )

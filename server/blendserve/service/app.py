@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from blendserve import __version__, answers
+from blendserve.core.policies.blend import warm_up as policy_warm_up
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
@@ -83,6 +84,8 @@ def create_app(
         app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
+        # Before the first request: the first job would load them on the event loop.
+        await asyncio.to_thread(policy_warm_up)
         try:
             yield
         finally:

@@ -7,6 +7,7 @@ import pytest
 from blendserve.core import PolicySpec
 from blendserve.errors import EngineProtocolError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
+from prometheus_client import REGISTRY
 
 from tests.support.fake_engine import FakeEngine, last_word
 
@@ -185,3 +186,33 @@ def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight
     # Only what the engine served is spent: the cancelled requests were refunded.
     assert done.spent == sum(a.samples for a in answers) == len(engine.served) < 4000
     assert engine.in_flight == 0
+
+
+def test_answers_given_at_once_are_built_one_at_a_time_as_they_are_read() -> None:
+    # A cancelled job answers every open question at once; built in one go, ten
+    # thousand of them would hold the event loop for a second.
+    count = 40
+    engine = FakeEngine({str(i): [("1", 1.0)] for i in range(count)}, stall=True)
+    questions = [Question(id=str(i), prompt="x") for i in range(count)]
+    job = Job(JobSpec(questions=questions, budget=2 * count, concurrency=count), engine, last_word)
+    answers = {"settled_early": "false"}
+
+    def built() -> float:
+        return REGISTRY.get_sample_value("blendserve_answers_total", answers) or 0.0
+
+    async def run() -> list[float]:
+        before = built()
+        seen: list[float] = []
+
+        async def read() -> None:
+            async for event in job.events():
+                if isinstance(event, AnswerEvent):
+                    seen.append(built() - before)
+
+        reading = asyncio.ensure_future(read())
+        await engine.started.wait()
+        job.cancel("test")
+        await reading
+        return seen
+
+    assert _run(run()) == [float(i) for i in range(1, count + 1)]

@@ -141,3 +141,19 @@ class BlendPolicy(AllocationPolicy):
                 break
             chosen.append(q)
         return chosen
+
+
+def warm_up() -> None:
+    """Compiles the policy's kernels (or loads them from numba's cache) now.
+
+    The first :meth:`BlendPolicy.select` does it otherwise: about a second
+    (numba's imports and its cache), on whatever thread selects first, which
+    in the service is the event loop's.
+    """
+    policy = BlendPolicy(3, 6, settle_delta=0.1, max_in_flight=6)
+    for key in ("a", None, "b"):
+        (q,) = policy.select(1)
+        policy.observe(q, key)
+    (q,) = policy.select(1)
+    policy.cancel(q)
+    policy.stop(q)

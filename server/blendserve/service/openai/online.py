@@ -30,6 +30,11 @@ class OnlineTicket:
     def __init__(self, tasks: Sequence[asyncio.Task[AnswerEvent]]) -> None:
         self.tasks = list(tasks)
 
+    @property
+    def futures(self) -> list[asyncio.Task[AnswerEvent]]:
+        """Each question's answer, in the request's order (as :attr:`Ticket.futures`)."""
+        return self.tasks
+
     async def answers(self) -> list[AnswerEvent]:
         """Every question's answer event, in the request's order."""
         return list(await asyncio.gather(*self.tasks))

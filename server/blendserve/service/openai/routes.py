@@ -123,6 +123,11 @@ async def _self_consistent(
         # A job spends exactly its budget (one sample each); a pool paces a mean.
         policy_asked=options.policy is not None or one_sample,
     )
+    # Each question gives its slot back once answered, not when its request or its
+    # group ends: a question answered early in a large request, or a stream read
+    # slowly, holds nothing.
+    for future in ticket.futures:
+        future.add_done_callback(lambda _: slot.answered())
     reply = Reply(chat, _model(request, body.model))
 
     def render(events: list[AnswerEvent]) -> tuple[Any, ...]:

@@ -149,12 +149,23 @@ def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
 
 
 async def _events(job: Runnable, slot: Slot | None) -> AsyncGenerator[Event, None]:
-    """The job's events; each answer gives its question's admission slot back."""
+    """The job's events; each answer gives its question's admission slot back.
+
+    After each answer the event loop has a turn: a job's last answers come
+    out in a burst (thousands, without waiting on the engine), and a socket
+    buffer rarely makes a stream wait, so the burst would hold the loop, and
+    ``/health``, for seconds. The turn also lets a lost connection be seen
+    before the next answer is written to it.
+    """
     async with aclosing(job.events()) as events:
         async for event in events:
-            if slot is not None and isinstance(event, AnswerEvent):
-                slot.answered()
-            yield event
+            if isinstance(event, AnswerEvent):
+                if slot is not None:
+                    slot.answered()
+                yield event
+                await asyncio.sleep(0)
+            else:
+                yield event
 
 
 async def collect(job: Runnable, slot: Slot | None = None) -> SolveResponse:
