@@ -1,5 +1,9 @@
 """Prometheus metrics of the process, served at ``/metrics``.
 
+Only the service imports this module: engines and schedulers report to a
+:class:`~blendserve.stats.Stats` sink, and the service's sink
+(:class:`~blendserve.service.prometheus.PrometheusStats`) updates these.
+
 Names start with ``blendserve_`` and never contain "vllm": vLLM's in-process
 engine unregisters every collector whose name does. Labels are few-valued
 (upstream, endpoint, status); never a question id. With several worker
@@ -21,7 +25,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "JobMetrics", "exposition", "upstream_configured"]
+__all__ = ["CONTENT_TYPE_LATEST", "exposition", "upstream_configured"]
 
 _PREFIX = "blendserve"
 
@@ -155,42 +159,3 @@ def exposition() -> bytes:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest(REGISTRY)
-
-
-class JobMetrics:
-    """What one job reports: started, each final answer, ended (once)."""
-
-    def __init__(self, questions: int, budget: int, started: float) -> None:
-        self.started = started
-        self.unanswered = questions
-        self._answered = False
-        self._ended = False
-        ACTIVE_JOBS.inc()
-        QUEUED_QUESTIONS.inc(questions)
-        BUDGET_GRANTED.inc(budget)
-
-    def answer(
-        self, samples: int, share: float, ppr: float, settled_early: bool, now: float
-    ) -> None:
-        """A question's answer became final."""
-        if not self._answered:
-            self._answered = True
-            TIME_TO_FIRST_ANSWER.observe(now - self.started)
-        SAMPLES_PER_QUESTION.observe(samples)
-        ANSWER_VOTE_SHARE.observe(share)
-        ANSWER_PPR_UNCERTAINTY.observe(ppr)
-        ANSWERS.labels(str(settled_early).lower()).inc()
-        QUEUED_QUESTIONS.dec()
-        self.unanswered -= 1
-
-    def end(self, status: str, budget: int, spent: int, now: float) -> None:
-        """The job ended (completed, failed or cancelled); later calls do nothing."""
-        if self._ended:
-            return
-        self._ended = True
-        ACTIVE_JOBS.dec()
-        QUEUED_QUESTIONS.dec(self.unanswered)
-        JOBS.labels(status).inc()
-        JOB_DURATION.observe(now - self.started)
-        BUDGET_SPENT.inc(spent)
-        BUDGET_UNSPENT.inc(budget - spent)

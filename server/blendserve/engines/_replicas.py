@@ -27,8 +27,8 @@ Health rule, a circuit breaker per replica (:class:`BreakerState`):
 
 With every replica open (or half-open with its trial in flight) ``pick``
 returns None and the engine fails the call with ``EngineUnavailable`` instead
-of retrying until the deadline. The ``blendserve_upstream_healthy`` gauge
-shows the state: 1 closed, 0.5 half-open, 0 open.
+of retrying until the deadline. Each state change is reported to the stats
+sink as the replica's health: 1 closed, 0.5 half-open, 0 open.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from blendserve import metrics
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["BreakerState", "Replica", "ReplicaSet"]
 
@@ -87,10 +87,6 @@ class Replica:
             state is BreakerState.HALF_OPEN and self.requests < self.trials
         )
 
-    def _set(self, state: BreakerState) -> None:
-        self.state = state
-        metrics.UPSTREAM_HEALTHY.labels(self.url).set(state.value)
-
 
 def _rendezvous_score(key: str, url: str) -> int:
     digest = hashlib.blake2b(f"{url}\x00{key}".encode(), digest_size=8).digest()
@@ -105,10 +101,16 @@ class ReplicaSet:
         failure_threshold: consecutive failures that open a replica's breaker.
         affinity_slack: extra outstanding sequences a key's home replica may
             carry over the least-loaded one and still be chosen.
+        sink: where breaker states are reported (see :meth:`report_to`).
     """
 
     def __init__(
-        self, urls: Sequence[str], *, failure_threshold: int = 3, affinity_slack: int = 4
+        self,
+        urls: Sequence[str],
+        *,
+        failure_threshold: int = 3,
+        affinity_slack: int = 4,
+        sink: Stats = NO_STATS,
     ) -> None:
         if not urls:
             raise ValueError("at least one upstream URL is needed")
@@ -119,11 +121,20 @@ class ReplicaSet:
         if affinity_slack < 0:
             raise ValueError(f"affinity_slack must be >= 0, got {affinity_slack}")
         self.replicas: tuple[Replica, ...] = tuple(Replica(url) for url in urls)
-        for replica in self.replicas:
-            replica._set(BreakerState.CLOSED)
         self._threshold = failure_threshold
         self._slack = affinity_slack
         self._turn = 0
+        self.report_to(sink)
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports breaker states to ``sink`` from now on, starting with each one's now."""
+        self._sink = sink
+        for replica in self.replicas:
+            sink.upstream_health(replica.url, replica.state.value)
+
+    def _set(self, replica: Replica, state: BreakerState) -> None:
+        replica.state = state
+        self._sink.upstream_health(replica.url, state.value)
 
     def pick(
         self, key: str | None = None, avoid: Collection[Replica] = (), *, rotate: bool = True
@@ -182,7 +193,7 @@ class ReplicaSet:
         """The replica answered: its failure streak ends and its breaker closes."""
         replica.failures = 0
         if replica.state is not BreakerState.CLOSED:
-            replica._set(BreakerState.CLOSED)
+            self._set(replica, BreakerState.CLOSED)
 
     def record_failure(self, replica: Replica) -> bool:
         """Counts a failure; returns True when this one opened the breaker."""
@@ -191,7 +202,7 @@ class ReplicaSet:
         if state is BreakerState.HALF_OPEN or (
             state is BreakerState.CLOSED and replica.failures >= self._threshold
         ):
-            replica._set(BreakerState.OPEN)
+            self._set(replica, BreakerState.OPEN)
             return True
         return False
 
@@ -199,7 +210,7 @@ class ReplicaSet:
         """A probe succeeded: half-opens an open replica (True) or admits one more trial."""
         if replica.state is BreakerState.OPEN:
             replica.trials = 1
-            replica._set(BreakerState.HALF_OPEN)
+            self._set(replica, BreakerState.HALF_OPEN)
             return True
         if replica.state is BreakerState.HALF_OPEN:
             replica.trials += 1

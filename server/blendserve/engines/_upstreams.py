@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 
-from blendserve import metrics
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
@@ -32,6 +31,7 @@ from blendserve.engines.openai_wire import (
     split_credentials,
 )
 from blendserve.errors import EngineProtocolError, EngineUnavailable, RequestValidationError
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["SIDE_TIMEOUT", "Upstreams"]
 
@@ -52,6 +52,7 @@ class Upstreams:
         forward_timeout: seconds a forwarded reply may stay silent.
         max_connections, api_key, connect_timeout, stall_timeout, transport,
             max_response_bytes: the connection pool's, see :class:`HttpPool`.
+        sink: where the replicas' configuration and states are reported.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class Upstreams:
         stall_timeout: float | None,
         transport: httpx.AsyncBaseTransport | None,
         max_response_bytes: int,
+        sink: Stats = NO_STATS,
     ) -> None:
         bases = [split_credentials(u) for u in urls]
         self.replicas = ReplicaSet(
@@ -75,8 +77,7 @@ class Upstreams:
             failure_threshold=failure_threshold,
             affinity_slack=affinity_slack,
         )
-        for replica in self.replicas.replicas:
-            metrics.upstream_configured(replica.url)
+        self.report_to(sink)
         self.pool = HttpPool(
             [r.url for r in self.replicas.replicas],
             max_connections,
@@ -93,6 +94,12 @@ class Upstreams:
         self._probe_interval = probe_interval
         self._forward_timeout = forward_timeout
         self._probe_task: asyncio.Task[None] | None = None
+
+    def report_to(self, sink: Stats) -> None:
+        """Announces every replica to ``sink`` and reports their states there from now on."""
+        for replica in self.replicas.replicas:
+            sink.upstream_configured(replica.url)
+        self.replicas.report_to(sink)
 
     def failed(self, replica: Replica) -> None:
         """Counts a failure of ``replica``; an opened breaker starts the probes."""

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from blendserve.stats import NO_STATS, Stats
+
 __all__ = [
     "Engine",
     "EngineHealth",
@@ -142,6 +144,13 @@ class Engine(ABC):
 
     #: Short name for logs and metrics.
     name: str = ""
+    #: Where the engine reports its upstreams' samples and health; jobs and
+    #: pools built on the engine report there too unless given their own.
+    sink: Stats = NO_STATS
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink`` from now on, starting with the engine's upstreams and health."""
+        self.sink = sink
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> list[Sample]:

@@ -34,6 +34,7 @@ from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sampl
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import EngineUnavailable
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
     "MODELS",
@@ -267,15 +268,21 @@ _MAX_TEXTS = 1024  # detokenized prompts kept
 
 
 class EmbeddedEngine(Engine, PassThrough):
-    """The OpenAI engine over an embedded llama.cpp server it owns."""
+    """The OpenAI engine over an embedded llama.cpp server it owns (and its stats sink)."""
 
     name = "embedded"
 
     def __init__(self, server: EmbeddedLlamaServer, inner: OpenAIEngine) -> None:
         self.server = server
         self.inner = inner
+        self.sink = inner.sink
         # token ids -> their text, for the prompts of the questions in flight
         self._texts: dict[tuple[int, ...], str] = {}
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink`` from now on, as the inner OpenAI engine does."""
+        self.sink = sink
+        self.inner.report_to(sink)
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Samples from the local model (``n`` split into seeded requests).
@@ -332,8 +339,11 @@ async def create_embedded_engine(
     *,
     timeout: float = 600.0,
     n_ctx: int = 4096,
+    sink: Stats = NO_STATS,
 ) -> EmbeddedEngine:
     """Prepares the model, starts the server and returns the engine that owns it.
+
+    The engine reports to ``sink``.
 
     Raises:
         EngineUnavailable: see :func:`ensure_model` and :meth:`EmbeddedLlamaServer.start`.
@@ -343,4 +353,5 @@ async def create_embedded_engine(
     server = EmbeddedLlamaServer(path, n_ctx=n_ctx)
     await server.start()
     # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
-    return EmbeddedEngine(server, OpenAIEngine([server.base_url], timeout=timeout, stream=True))
+    inner = OpenAIEngine([server.base_url], timeout=timeout, stream=True, sink=sink)
+    return EmbeddedEngine(server, inner)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from blendserve.engines.base import Engine
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["EngineConfig", "EngineKind", "build_engine"]
 
@@ -70,8 +71,10 @@ class EngineConfig:
         return "embedded"
 
 
-async def build_engine(config: EngineConfig) -> Engine:
+async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
     """Creates (and for the embedded default, starts) the engine of ``config``.
+
+    The engine reports to ``sink`` (the service passes its Prometheus sink).
 
     Raises:
         ValueError: the settings do not fit the engine (e.g. replay without data).
@@ -93,21 +96,26 @@ async def build_engine(config: EngineConfig) -> Engine:
             session_header=config.session_header,
             max_response_bytes=config.max_response_bytes,
             max_retry_after=config.max_retry_after,
+            sink=sink,
         )
     if kind == "replay":
         if config.data is None:
             raise ValueError("the replay engine needs --data FILE.jsonl")
         from blendserve.engines.replay import LatencyModel, ReplayEngine
 
-        return ReplayEngine(config.data, latency=LatencyModel(fixed=config.replay_latency))
+        latency = LatencyModel(fixed=config.replay_latency)
+        return ReplayEngine(config.data, latency=latency, sink=sink)
     if kind == "vllm":
         if config.vllm_model is None:
             raise ValueError("the vllm engine needs --vllm-model NAME")
         from blendserve.engines.vllm_inprocess import VLLMEngine
 
-        return VLLMEngine({"model": config.vllm_model, **config.vllm_args})
+        return VLLMEngine({"model": config.vllm_model, **config.vllm_args}, sink=sink)
     from blendserve.engines.embedded import create_embedded_engine
 
     return await create_embedded_engine(
-        model=config.embedded_model, cache_dir=config.model_cache_dir, timeout=config.timeout
+        model=config.embedded_model,
+        cache_dir=config.model_cache_dir,
+        timeout=config.timeout,
+        sink=sink,
     )

@@ -59,7 +59,6 @@ from typing import Any, Literal
 
 import httpx
 
-from blendserve import metrics
 from blendserve._cancel import DeadlinePassed, all_or_cancel, within
 from blendserve.engines._replicas import Replica
 from blendserve.engines._retry import RetryPolicy, exhausted
@@ -79,6 +78,7 @@ from blendserve.engines.openai_wire import (
 )
 from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
 
@@ -118,6 +118,7 @@ class OpenAIEngine(Engine, PassThrough):
         max_retry_after: the longest ``Retry-After`` waited for; an upstream
             asking for longer fails the call at once (a job's own failure
             timeout then decides, not the upstream).
+        sink: where samples, retries, latencies and health are reported.
     """
 
     name = "openai"
@@ -144,6 +145,7 @@ class OpenAIEngine(Engine, PassThrough):
         session_header: str | None = None,
         max_response_bytes: int = 64 << 20,
         max_retry_after: float = MAX_RETRY_AFTER,
+        sink: Stats = NO_STATS,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
@@ -176,7 +178,9 @@ class OpenAIEngine(Engine, PassThrough):
             stall_timeout=stall_timeout,
             transport=transport,
             max_response_bytes=max_response_bytes,
+            sink=sink,
         )
+        self.sink = sink
         self._replicas = self._upstreams.replicas
         self._pool = self._upstreams.pool
         self._model = model
@@ -187,6 +191,11 @@ class OpenAIEngine(Engine, PassThrough):
         self._stream = stream
         self._session_header = session_header
         self._rng = random.Random()
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink`` from now on, starting with every replica and its health."""
+        self.sink = sink
+        self._upstreams.report_to(sink)
 
     @property
     def mode(self) -> Literal["chat", "completions"]:
@@ -325,8 +334,8 @@ class OpenAIEngine(Engine, PassThrough):
         """
         url = replica.url
         if retry:
-            metrics.UPSTREAM_RETRIES.labels(url).inc()
-        metrics.UPSTREAM_SAMPLES.labels(url, "dispatched").inc(want)
+            self.sink.upstream_retry(url)
+        self.sink.upstream_samples(url, "dispatched", want)
         sent = time.monotonic()
         try:
             try:
@@ -334,14 +343,14 @@ class OpenAIEngine(Engine, PassThrough):
             finally:
                 self._replicas.release(replica, want)
         except httpx.TransportError as exc:
-            metrics.UPSTREAM_SAMPLES.labels(url, "failed").inc(want)
+            self.sink.upstream_samples(url, "failed", want)
             self._upstreams.failed(replica)
             return exc, None
         except httpx.RequestError as exc:
-            metrics.UPSTREAM_SAMPLES.labels(url, "failed").inc(want)
+            self.sink.upstream_samples(url, "failed", want)
             raise EngineProtocolError(f"{url}: unusable response: {exc}") from exc
         except BaseException:  # cancelled: not the upstream's failure
-            metrics.UPSTREAM_SAMPLES.labels(url, "cancelled").inc(want)
+            self.sink.upstream_samples(url, "cancelled", want)
             raise
         status = response.status_code
         if 200 <= status < 300:
@@ -349,15 +358,15 @@ class OpenAIEngine(Engine, PassThrough):
             samples = parse_response(response, path == CHAT, want, url)
             if want > 1 and self._n_support == "auto":
                 replica.n_honoured = len(samples) == want
-            metrics.UPSTREAM_SAMPLES.labels(url, "completed").inc(len(samples))
-            metrics.UPSTREAM_LATENCY.labels(url).observe(time.monotonic() - sent)
+            self.sink.upstream_samples(url, "completed", len(samples))
+            self.sink.upstream_latency(url, time.monotonic() - sent)
             return samples
         error = httpx.HTTPStatusError(
             f"{url}{path} answered {status}: {error_message(response)}",
             request=response.request,
             response=response,
         )
-        metrics.UPSTREAM_SAMPLES.labels(url, "failed").inc(want)
+        self.sink.upstream_samples(url, "failed", want)
         if status != 429 and status < 500:
             self._replicas.record_success(replica)
             raise EngineProtocolError(str(error)) from error

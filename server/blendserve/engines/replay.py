@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blendserve import metrics
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+from blendserve.stats import NO_STATS, Stats, UpstreamOutcome
 
 __all__ = ["FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
 
@@ -130,6 +130,7 @@ class ReplayEngine(Engine):
         latency: the latency and capacity model (zero latency by default).
         faults: injected fault rates.
         model_name: the name ``models()`` reports.
+        sink: where its samples and latencies are reported, as upstream ``replay``.
 
     Raises:
         ValueError: unreadable data or a record without an answers list.
@@ -145,6 +146,7 @@ class ReplayEngine(Engine):
         latency: LatencyModel | None = None,
         faults: FaultConfig | None = None,
         model_name: str = "replay",
+        sink: Stats = NO_STATS,
     ) -> None:
         # question id or prompt -> recorded answers (None: no answer)
         self._answers: dict[str, list[str | None]] = {}
@@ -164,14 +166,19 @@ class ReplayEngine(Engine):
         self.faults = faults or FaultConfig()
         self.model_name = model_name
         self.stats = ReplayStats()
-        metrics.UPSTREAM_HEALTHY.labels(self.name).set(1)
-        metrics.upstream_configured(self.name)
+        self.report_to(sink)
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
         self._delay_rng = random.Random(seed + 2)
         self._free = self.latency.max_concurrent_sequences
         # requests waiting for sequences, first come first served: (sequences, wake-up)
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink`` from now on, starting with its one healthy upstream."""
+        self.sink = sink
+        sink.upstream_health(self.name, 1)
+        sink.upstream_configured(self.name)
 
     def _lookup(self, request: GenerateRequest) -> list[str | None]:
         keys = [request.question_id]
@@ -190,9 +197,9 @@ class ReplayEngine(Engine):
         drawn = self._draw(request, recorded)
         self.stats.requests += 1
         self.stats.in_flight += 1
-        metrics.UPSTREAM_SAMPLES.labels(self.name, "dispatched").inc(request.n)
+        self.sink.upstream_samples(self.name, "dispatched", request.n)
         started = time.monotonic()
-        outcome = "failed"
+        outcome: UpstreamOutcome = "failed"
         try:
             await self._fault(request)
             texts = [render(a, request.answer_kind) for a in drawn]
@@ -207,7 +214,7 @@ class ReplayEngine(Engine):
             prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
             self.stats.samples += request.n
             outcome = "completed"
-            metrics.UPSTREAM_LATENCY.labels(self.name).observe(time.monotonic() - started)
+            self.sink.upstream_latency(self.name, time.monotonic() - started)
             return [
                 Sample(text, finish, prompt_tokens, count, self.name)
                 for (text, finish), count in zip(texts, tokens, strict=True)
@@ -217,7 +224,7 @@ class ReplayEngine(Engine):
             raise
         finally:
             self.stats.in_flight -= 1
-            metrics.UPSTREAM_SAMPLES.labels(self.name, outcome).inc(request.n)
+            self.sink.upstream_samples(self.name, outcome, request.n)
 
     def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
         """The ``request.n`` recorded answers to serve, drawn with replacement."""

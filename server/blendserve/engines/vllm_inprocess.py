@@ -13,6 +13,7 @@ from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.errors import EngineError, EngineUnavailable
+from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["VLLMEngine"]
 
@@ -35,6 +36,7 @@ class VLLMEngine(Engine):
 
     Args:
         engine_args: ``AsyncEngineArgs`` fields, at least ``model``.
+        sink: the stats sink of jobs and pools built on it (vLLM keeps its own stats).
 
     Raises:
         EngineUnavailable: vLLM is not installed.
@@ -42,7 +44,8 @@ class VLLMEngine(Engine):
 
     name = "vllm"
 
-    def __init__(self, engine_args: Mapping[str, Any]) -> None:
+    def __init__(self, engine_args: Mapping[str, Any], *, sink: Stats = NO_STATS) -> None:
+        self.sink = sink
         vllm, engine_args_cls, output_kind, async_llm = _vllm()
         self._vllm = vllm
         self._final_only = output_kind.FINAL_ONLY

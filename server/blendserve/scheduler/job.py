@@ -45,13 +45,11 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from blendserve import metrics
 from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
 from blendserve.errors import EngineTimeout, EngineUnavailable
-from blendserve.metrics import JobMetrics
 from blendserve.scheduler.events import (
     AnswerEvent,
     Confidence,
@@ -61,6 +59,7 @@ from blendserve.scheduler.events import (
     ProgressEvent,
     Usage,
 )
+from blendserve.stats import JobReport, Stats
 
 __all__ = ["Job", "JobSpec", "Keyer", "Question", "RequestSettings"]
 
@@ -230,9 +229,12 @@ class Job:
         spec: questions, budget and settings.
         engine: where samples come from.
         keyer: turns a completion into ``(answer, key)``.
+        sink: where the job reports (None: where ``engine`` reports).
     """
 
-    def __init__(self, spec: JobSpec, engine: Engine, keyer: Keyer) -> None:
+    def __init__(
+        self, spec: JobSpec, engine: Engine, keyer: Keyer, sink: Stats | None = None
+    ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
         if spec.concurrency < 1 or spec.max_samples_per_request < 1:
@@ -246,6 +248,7 @@ class Job:
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
+        self.sink = sink if sink is not None else engine.sink
         self.status = JobStatus.PENDING
         # Any question may take several samples at once if the ranking, virtual
         # votes included, still puts it first; _in_flight_limit bounds the job.
@@ -297,7 +300,7 @@ class Job:
         self.status = JobStatus.RUNNING
         loop = asyncio.get_running_loop()
         started = loop.time()
-        self._metrics = JobMetrics(self._num_questions, self.spec.budget, started)
+        self._report = JobReport(self.sink, self._num_questions, self.spec.budget, started)
         last_progress = -math.inf
         in_flight = self._in_flight
         failures = _FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
@@ -349,7 +352,7 @@ class Job:
         after a backoff; the failure that ends the job cancels the rest).
         """
         q, n = self._in_flight.pop(task)
-        metrics.IN_FLIGHT_SAMPLES.dec(n)
+        self.sink.in_flight(-n)
         exc = None if task.cancelled() else task.exception()
         if task.cancelled():
             self._refund(q, n)
@@ -374,7 +377,7 @@ class Job:
             self.status, error = JobStatus.CANCELLED, error or self._cancelled
         else:
             self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
-        self._metrics.end(
+        self._report.end(
             self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, now()
         )
         return DoneEvent(
@@ -395,8 +398,8 @@ class Job:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
         # Accounted before awaiting: a second cancellation may cut the wait short.
-        metrics.IN_FLIGHT_SAMPLES.dec(sum(n for _, n in in_flight.values()))
-        self._metrics.end(
+        self.sink.in_flight(-sum(n for _, n in in_flight.values()))
+        self._report.end(
             self.status.name.lower(),
             self.spec.budget,
             self.policy.num_dispatched,
@@ -433,7 +436,7 @@ class Job:
                 first += n
                 task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
-                metrics.IN_FLIGHT_SAMPLES.inc(n)
+                self.sink.in_flight(n)
 
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
         state = self._states.get(q)
@@ -451,8 +454,7 @@ class Job:
                 state.completions[key] = sample.text
                 state.finish_reasons[key] = sample.finish_reason
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
-            metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
-            metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
+            self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             self._usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             self.policy.observe(q, key)
         for _ in range(requested - min(requested, len(samples))):
@@ -480,7 +482,7 @@ class Job:
                 cut = partial or self._cancelled is not None  # cancelled mid-burst
                 event = self._answer(q, cut and not policy.is_settled(q))
                 self._states.pop(q, None)
-                self._metrics.answer(
+                self._report.answer(
                     event.samples,
                     event.confidence.share,
                     event.confidence.ppr,

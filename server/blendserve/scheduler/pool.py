@@ -19,7 +19,6 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from blendserve import metrics
 from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
@@ -27,6 +26,7 @@ from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
 from blendserve.scheduler.job import Keyer, Question
+from blendserve.stats import Stats
 
 __all__ = ["Pool", "PoolSpec"]
 
@@ -108,16 +108,25 @@ class Pool:
         spec: what the questions share.
         engine: where samples come from.
         keyer: turns a completion into ``(answer, key)``.
-        name: the pool's metrics label.
+        name: the pool's name in its reports.
+        sink: where the pool reports (None: where ``engine`` reports).
     """
 
-    def __init__(self, spec: PoolSpec, engine: Engine, keyer: Keyer, name: str = "default") -> None:
+    def __init__(
+        self,
+        spec: PoolSpec,
+        engine: Engine,
+        keyer: Keyer,
+        name: str = "default",
+        sink: Stats | None = None,
+    ) -> None:
         if spec.concurrency < 1 or spec.max_samples_per_request < 1:
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
         self.name = name
+        self.sink = sink if sink is not None else engine.sink
         self.rule = spec.rule()
         self.threshold = spec.threshold()
         self._free = spec.concurrency
@@ -166,7 +175,7 @@ class Pool:
         state = _Open(question, VoteState(1), {}, Usage())
         self._open.add(state)
         self.num_open += 1
-        metrics.QUEUED_QUESTIONS.inc()
+        self.sink.queued(1)
         failures = 0
         try:
             while True:
@@ -211,14 +220,20 @@ class Pool:
             event = self._answer(state, partial=False, capped=not confident)
             self.threshold.observe(event.samples)
             self.num_rounds += state.rounds
-            metrics.ONLINE_ROUNDS.labels(self.name).observe(state.rounds)
-            self._report()
+            threshold = self.threshold
+            self.sink.pool_answered(
+                self.name,
+                state.rounds,
+                threshold.tau,
+                threshold.mean_samples,
+                threshold.pacing_error,
+            )
             return event
         finally:
             self.threshold.close(state.paced)
             self._open.discard(state)
             self.num_open -= 1
-            metrics.QUEUED_QUESTIONS.dec()
+            self.sink.queued(-1)
 
     async def _wave(self, state: _Open, wave: int) -> list[Sample]:
         """Requests ``wave`` samples once the pool has room for them."""
@@ -226,7 +241,7 @@ class Pool:
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -self.rule.log_uncertainty(*state.votes.state(0))
         await self._acquire(wave, priority)
-        metrics.IN_FLIGHT_SAMPLES.inc(wave)
+        self.sink.in_flight(wave)
         try:
             sizes = [self.spec.max_samples_per_request] * (
                 wave // self.spec.max_samples_per_request
@@ -242,7 +257,7 @@ class Pool:
             results = await asyncio.gather(*requests)
             return [s for result in results for s in result]
         finally:
-            metrics.IN_FLIGHT_SAMPLES.dec(wave)
+            self.sink.in_flight(-wave)
             self._release(wave)
 
     async def _acquire(self, wave: int, priority: float) -> None:
@@ -284,8 +299,7 @@ class Pool:
                 state.answers[key] = (answer if answer is not None else key, sample.text)
                 state.finish_reasons[key] = sample.finish_reason
             state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
-            metrics.PROMPT_TOKENS.inc(sample.prompt_tokens)
-            metrics.COMPLETION_TOKENS.inc(sample.completion_tokens)
+            self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             state.votes.add(0, key)
 
     def _answer(self, state: _Open, *, partial: bool, capped: bool) -> AnswerEvent:
@@ -297,10 +311,7 @@ class Pool:
         ppr = math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct)))
         settled_early = not capped and not partial
         samples = votes.num_samples[0]
-        metrics.SAMPLES_PER_QUESTION.observe(samples)
-        metrics.ANSWER_VOTE_SHARE.observe(share)
-        metrics.ANSWER_PPR_UNCERTAINTY.observe(ppr)
-        metrics.ANSWERS.labels(str(settled_early).lower()).inc()
+        self.sink.answered(samples, share, ppr, settled_early)
         winner = state.answers.get(str(key)) if key is not None else None
         return AnswerEvent(
             index=0,
@@ -322,10 +333,3 @@ class Pool:
             finish_reasons={k: state.finish_reasons[k] for k in counts},
             abstained_finish_reason=state.abstained_finish_reason,
         )
-
-    def _report(self) -> None:
-        threshold = self.threshold
-        metrics.ONLINE_TAU.labels(self.name).set(threshold.tau)
-        metrics.ONLINE_MEAN_SAMPLES.labels(self.name).set(threshold.mean_samples)
-        metrics.ONLINE_PACING_ERROR.labels(self.name).set(threshold.pacing_error)
-        metrics.ONLINE_QUESTIONS.labels(self.name).inc()

@@ -20,6 +20,7 @@ from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.online import DropIn, OnlinePools
 from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.openai.tokenizer import router as tokenizer_router
+from blendserve.service.prometheus import PrometheusStats
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
@@ -47,11 +48,13 @@ def create_app(
     """
     settings = settings if settings is not None else Settings()
     keys = settings.keys()
-    make_engine = engine_factory or (lambda: build_engine(settings.engine_config()))
+    sink = PrometheusStats()
+    make_engine = engine_factory or (lambda: build_engine(settings.engine_config(), sink))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await make_engine()
+        engine.report_to(sink)  # its jobs and pools report where it does
         app.state.engine = engine
         app.state.settings = settings
         app.state.limits = JobLimits(

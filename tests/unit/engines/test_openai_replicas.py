@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from blendserve import metrics
 from blendserve.engines._replicas import BreakerState, Replica, ReplicaSet
+
+from tests.support.stats import RecordingStats
 
 URLS = ["http://a/v1", "http://b/v1", "http://c/v1"]
 
@@ -110,23 +111,19 @@ def test_failure_streak_takes_out_and_success_brings_back() -> None:
     assert replicas.pick() is a and a.failures == 0
 
 
-def _gauge(url: str) -> float:
-    value = metrics.UPSTREAM_HEALTHY.labels(url)._value.get()
-    return float(value)
-
-
 def test_breaker_opens_half_opens_on_a_probe_and_closes_on_a_trial() -> None:
     url = "http://breaker-a/v1"
-    replicas = ReplicaSet([url], failure_threshold=3)
+    sink = RecordingStats()
+    replicas = ReplicaSet([url], failure_threshold=3, sink=sink)
     (a,) = replicas.replicas
-    assert a.state is BreakerState.CLOSED and _gauge(url) == 1.0
+    assert a.state is BreakerState.CLOSED and sink.health(url) == 1.0
     assert [replicas.record_failure(a) for _ in range(3)] == [False, False, True]
-    assert a.state is BreakerState.OPEN and _gauge(url) == 0.0
+    assert a.state is BreakerState.OPEN and sink.health(url) == 0.0
     assert replicas.pick() is None and replicas.acquire() is None  # refused, no waiting
     assert replicas.snapshot() == {url: False}
     assert replicas.to_probe() == [a] and replicas.recovering()
     assert replicas.record_probe(a)
-    assert a.state is BreakerState.HALF_OPEN and _gauge(url) == 0.5
+    assert a.state is BreakerState.HALF_OPEN and sink.health(url) == 0.5
     assert replicas.snapshot() == {url: True}
     assert replicas.to_probe() == []  # its trial is still to come
     trial = replicas.acquire(weight=2)
@@ -139,19 +136,20 @@ def test_breaker_opens_half_opens_on_a_probe_and_closes_on_a_trial() -> None:
     replicas.release(a)
     replicas.release(a, 2)
     replicas.record_success(a)
-    assert a.state is BreakerState.CLOSED and _gauge(url) == 1.0 and a.failures == 0
+    assert a.state is BreakerState.CLOSED and sink.health(url) == 1.0 and a.failures == 0
     assert not replicas.recovering()
 
 
 def test_a_failed_trial_reopens_at_once() -> None:
     url = "http://breaker-b/v1"
-    replicas = ReplicaSet([url, "http://breaker-c/v1"], failure_threshold=3)
+    sink = RecordingStats()
+    replicas = ReplicaSet([url, "http://breaker-c/v1"], failure_threshold=3, sink=sink)
     a, b = replicas.replicas
     for _ in range(3):
         replicas.record_failure(a)
     replicas.record_probe(a)
     assert replicas.record_failure(a)  # one failure, not three
-    assert a.state is BreakerState.OPEN and _gauge(url) == 0.0
+    assert a.state is BreakerState.OPEN and sink.health(url) == 0.0
     assert all(replicas.pick() is b for _ in range(3))
     assert not replicas.record_probe(b)  # a closed breaker stays closed
     assert b.state is BreakerState.CLOSED

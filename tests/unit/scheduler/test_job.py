@@ -7,9 +7,9 @@ import pytest
 from blendserve.core import PolicySpec
 from blendserve.errors import EngineProtocolError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
-from prometheus_client import REGISTRY
 
 from tests.support.fake_engine import FakeEngine, last_word
+from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 
@@ -194,20 +194,17 @@ def test_answers_given_at_once_are_built_one_at_a_time_as_they_are_read() -> Non
     count = 40
     engine = FakeEngine({str(i): [("1", 1.0)] for i in range(count)}, stall=True)
     questions = [Question(id=str(i), prompt="x") for i in range(count)]
-    job = Job(JobSpec(questions=questions, budget=2 * count, concurrency=count), engine, last_word)
-    answers = {"settled_early": "false"}
+    sink = RecordingStats()
+    spec = JobSpec(questions=questions, budget=2 * count, concurrency=count)
+    job = Job(spec, engine, last_word, sink=sink)
 
-    def built() -> float:
-        return REGISTRY.get_sample_value("blendserve_answers_total", answers) or 0.0
-
-    async def run() -> list[float]:
-        before = built()
-        seen: list[float] = []
+    async def run() -> list[int]:
+        seen: list[int] = []
 
         async def read() -> None:
             async for event in job.events():
                 if isinstance(event, AnswerEvent):
-                    seen.append(built() - before)
+                    seen.append(len(sink.of("answered")))
 
         reading = asyncio.ensure_future(read())
         await engine.started.wait()
@@ -215,4 +212,4 @@ def test_answers_given_at_once_are_built_one_at_a_time_as_they_are_read() -> Non
         await reading
         return seen
 
-    assert _run(run()) == [float(i) for i in range(1, count + 1)]
+    assert _run(run()) == list(range(1, count + 1))

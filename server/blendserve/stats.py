@@ -1,0 +1,127 @@
+"""What engines and schedulers report, and to whom: an injected stats sink.
+
+Engines, jobs and pools never touch a metrics library: each reports to the
+:class:`Stats` it was given, and the service turns those reports into
+Prometheus metrics. The base class ignores every report, so the simulator,
+library users and tests need no metrics at all; a sink overrides what it
+wants. Reports are plain calls on the event loop and must not block.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+__all__ = ["NO_STATS", "JobReport", "Stats", "UpstreamOutcome"]
+
+#: What became of samples asked of an upstream: dispatched, then one of the others.
+UpstreamOutcome = Literal["dispatched", "completed", "failed", "cancelled"]
+
+
+class Stats:
+    """A stats sink; every method here does nothing.
+
+    Counts are of samples unless named otherwise; durations are in seconds.
+    """
+
+    # -- engines -------------------------------------------------------------
+
+    def upstream_configured(self, upstream: str) -> None:
+        """``upstream`` serves this engine (its series exist from now on, at zero)."""
+
+    def upstream_health(self, upstream: str, health: float) -> None:
+        """``upstream`` takes requests (1), takes trials only (0.5) or is out (0)."""
+
+    def upstream_samples(self, upstream: str, outcome: UpstreamOutcome, samples: int) -> None:
+        """``samples`` asked of ``upstream`` were dispatched, completed, failed or cancelled."""
+
+    def upstream_retry(self, upstream: str) -> None:
+        """A request was retried at ``upstream``."""
+
+    def upstream_latency(self, upstream: str, seconds: float) -> None:
+        """A successful request to ``upstream`` took ``seconds`` (all its samples)."""
+
+    # -- jobs and pools --------------------------------------------------------
+
+    def job_started(self, budget: int) -> None:
+        """A job with a budget of ``budget`` samples started."""
+
+    def job_ended(self, status: str, seconds: float, spent: int, unspent: int) -> None:
+        """A job ended (``completed``, ``failed`` or ``cancelled``) after ``seconds``."""
+
+    def first_answer(self, seconds: float) -> None:
+        """A job's first answer became final ``seconds`` after its start."""
+
+    def queued(self, questions: int) -> None:
+        """Questions without a final answer yet changed by ``questions`` (may be negative)."""
+
+    def in_flight(self, samples: int) -> None:
+        """Samples requested and not yet back changed by ``samples`` (may be negative)."""
+
+    def tokens(self, prompt: int, completion: int) -> None:
+        """A sample came back with ``prompt`` and ``completion`` tokens."""
+
+    def answered(self, samples: int, share: float, ppr: float, settled_early: bool) -> None:
+        """A question's answer became final after ``samples`` samples.
+
+        Args:
+            samples: samples the question spent.
+            share: the winning answer's share of the votes.
+            ppr: the answer's PPR-1v1 uncertainty.
+            settled_early: whether settling stopped it before its budget ran out.
+        """
+
+    def pool_answered(
+        self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
+    ) -> None:
+        """A paced question of ``pool`` was answered after ``rounds`` waves.
+
+        Args:
+            pool: the pool's name.
+            rounds: waves of engine requests the question needed.
+            tau: the pool's threshold now.
+            mean_samples: the pool's running mean samples per question.
+            pacing_error: that mean over the pool's budget, minus 1.
+        """
+
+
+#: The default sink: reports go nowhere.
+NO_STATS: Final = Stats()
+
+
+class JobReport:
+    """What one job reports: started, each final answer, ended (once).
+
+    Args:
+        sink: where the reports go.
+        questions: the job's questions.
+        budget: the job's sample budget.
+        started: the job's start, on the clock later times come from.
+    """
+
+    def __init__(self, sink: Stats, questions: int, budget: int, started: float) -> None:
+        self.sink = sink
+        self.started = started
+        self.unanswered = questions
+        self._answered = False
+        self._ended = False
+        sink.job_started(budget)
+        sink.queued(questions)
+
+    def answer(
+        self, samples: int, share: float, ppr: float, settled_early: bool, now: float
+    ) -> None:
+        """A question's answer became final."""
+        if not self._answered:
+            self._answered = True
+            self.sink.first_answer(now - self.started)
+        self.sink.answered(samples, share, ppr, settled_early)
+        self.sink.queued(-1)
+        self.unanswered -= 1
+
+    def end(self, status: str, budget: int, spent: int, now: float) -> None:
+        """The job ended (completed, failed or cancelled); later calls do nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        self.sink.queued(-self.unanswered)
+        self.sink.job_ended(status, now - self.started, spent, budget - spent)

@@ -1,0 +1,83 @@
+"""Engines report samples, retries, latency and health to their sink; no Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from blendserve.engines.base import GenerateRequest
+from blendserve.engines.replay import FaultConfig, ReplayEngine
+from blendserve.errors import EngineProtocolError, EngineUnavailable
+from blendserve.stats import NO_STATS
+
+from tests.support.stats import RecordingStats
+from tests.unit.engines.test_openai_mock import CHAT, OTHER, URL, Upstream, engine
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_an_openai_engine_announces_its_replicas_and_counts_outcomes() -> None:
+    sink = RecordingStats()
+    up = Upstream()
+    up.script = [httpx.Response(503)]
+
+    async def run() -> None:
+        async with engine(up, [URL], sink=sink, max_retries=1) as e:
+            assert e.sink is sink
+            await e.generate(GenerateRequest(messages=CHAT, n=2))  # 503, then 2 samples
+            up.script = [httpx.Response(400, json={"error": {"message": "no"}})]
+            with pytest.raises(EngineProtocolError):
+                await e.generate(GenerateRequest(messages=CHAT, n=3))  # a 400
+
+    _run(run())
+    assert sink.of("upstream_configured") == [(URL,)]
+    assert sink.health(URL) == 1.0
+    assert sink.samples(URL) == {"dispatched": 7, "failed": 5, "completed": 2}
+    assert sink.of("upstream_retry") == [(URL,)]
+    assert len(sink.of("upstream_latency")) == 1
+
+
+def test_report_to_moves_an_engine_to_another_sink_with_its_state() -> None:
+    first, second = RecordingStats(), RecordingStats()
+    up = Upstream()
+    up.script = [httpx.ConnectError("down")] * 3
+
+    async def run() -> None:
+        async with engine(up, [URL, OTHER], sink=first, failure_threshold=1) as e:
+            with pytest.raises(EngineUnavailable):
+                await e.generate(GenerateRequest(messages=CHAT, question_id="q"))
+            e.report_to(second)
+            assert e.sink is second
+
+    _run(run())
+    assert first.health(URL) == first.health(OTHER) == 0.0
+    # The new sink hears of every replica and its state now, then nothing old.
+    assert second.of("upstream_configured") == [(URL,), (OTHER,)]
+    assert second.health(URL) == second.health(OTHER) == 0.0
+    assert not second.of("upstream_samples")
+
+
+def test_the_replay_engine_reports_as_one_upstream() -> None:
+    sink = RecordingStats()
+    records = [{"id": "a", "answers": ["1"]}]
+    replay = ReplayEngine(records, faults=FaultConfig(error_rate=1.0), sink=sink)
+    request = GenerateRequest(prompt="A?", n=4, question_id="a")
+    with pytest.raises(EngineUnavailable):
+        _run(replay.generate(request))
+    replay.faults = FaultConfig()
+    assert len(_run(replay.generate(request))) == 4
+    assert sink.of("upstream_configured") == [("replay",)] and sink.health("replay") == 1
+    assert sink.samples("replay") == {"dispatched": 8, "failed": 4, "completed": 4}
+    assert len(sink.of("upstream_latency")) == 1
+
+
+def test_engines_report_nowhere_by_default() -> None:
+    assert ReplayEngine([{"id": "a", "answers": ["1"]}]).sink is NO_STATS
+    assert engine(Upstream()).sink is NO_STATS
