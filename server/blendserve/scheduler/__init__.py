@@ -9,7 +9,8 @@ from blendserve.scheduler.events import (
     ProgressEvent,
     Usage,
 )
-from blendserve.scheduler.job import Job, JobSpec, Keyer, Question
+from blendserve.scheduler.job import Job
+from blendserve.scheduler.spec import JobSpec, Keyer, Question
 
 __all__ = [
     "AnswerEvent",

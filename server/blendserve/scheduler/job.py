@@ -35,21 +35,16 @@ import asyncio
 import math
 from collections.abc import (
     AsyncGenerator,
-    Awaitable,
     Callable,
     Iterable,
     Iterator,
-    Mapping,
-    Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from blendserve._cancel import cancel_all
-from blendserve.core.policies import AllocationPolicy, PolicySpec
+from blendserve.core.policies import AllocationPolicy
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
-from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
-from blendserve.errors import EngineTimeout, EngineUnavailable
+from blendserve.engines.base import Engine, Sample
 from blendserve.scheduler.events import (
     AnswerEvent,
     Confidence,
@@ -59,93 +54,11 @@ from blendserve.scheduler.events import (
     ProgressEvent,
     Usage,
 )
+from blendserve.scheduler.failures import FailureStreak
+from blendserve.scheduler.spec import JobSpec, Keyer
 from blendserve.stats import JobReport, Stats
 
-__all__ = ["Job", "JobSpec", "Keyer", "Question", "RequestSettings"]
-
-_BACKOFF_S = 0.05  # first wait before failed samples are sent again, doubled per failure
-_MAX_BACKOFF_S = 1.0
-
-#: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
-Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
-
-
-class RequestSettings(Protocol):
-    """What an engine request of a job or a pool takes from its spec."""
-
-    @property
-    def sampling(self) -> SamplingParams: ...
-    @property
-    def model(self) -> str | None: ...
-    @property
-    def answer_kind(self) -> str: ...
-    @property
-    def request_timeout(self) -> float | None: ...
-
-
-@dataclass(frozen=True)
-class Question:
-    """One question: a plain prompt or chat messages."""
-
-    id: str
-    prompt: str | Sequence[int] | None = None
-    messages: Sequence[Mapping[str, Any]] | None = None
-
-    def request(self, n: int, first: int, settings: RequestSettings) -> GenerateRequest:
-        """The engine request for ``n`` samples, the first being this question's ``first``-th."""
-        return GenerateRequest(
-            prompt=self.prompt,
-            messages=self.messages,
-            n=n,
-            params=settings.sampling.from_sample(first),
-            model=settings.model,
-            question_id=self.id,
-            answer_kind=settings.answer_kind,
-            timeout=settings.request_timeout,
-        )
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything a job needs besides the engine.
-
-    Attributes:
-        questions: the batch.
-        budget: total samples, at least one per question.
-        policy: allocation policy (Blend-ASC by default).
-        sampling: sampling parameters of every request.
-        model: upstream model name.
-        answer_kind: answer format passed to the engine (a replay hint).
-        settle_delta: PPR-1v1 error at which a question stops (0: never).
-        concurrency: most samples in flight.
-        in_flight_per_question: samples in flight per open question, at most
-            (the latency trade-off: more is fewer rounds, fewer is decisions
-            closer to the sequential policy's; see :class:`Job`).
-        max_samples_per_request: largest ``n`` of one engine request.
-        seed: seeds the policy's tie-break.
-        request_timeout: seconds per engine request (None: the engine's default).
-        max_consecutive_failures: engine failures in a row that end the job.
-        failure_timeout: seconds a streak of transient engine failures (every
-            upstream down) must also last before it ends the job; this bounds
-            how long a job outlives its upstreams, not ``request_timeout``.
-        progress_interval: seconds between progress events, at least.
-    """
-
-    questions: Sequence[Question]
-    budget: int
-    policy: PolicySpec = field(default_factory=lambda: PolicySpec("blend"))
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    model: str | None = None
-    answer_kind: str = "auto"
-    settle_delta: float = 0.0
-    concurrency: int = 64
-    in_flight_per_question: float = 0.5
-    max_samples_per_request: int = 16
-    seed: int = 0
-    request_timeout: float | None = None
-    max_consecutive_failures: int = 8
-    failure_timeout: float = 5.0
-    progress_interval: float = 0.25
+__all__ = ["Job"]
 
 
 @dataclass
@@ -159,49 +72,6 @@ class _QuestionState:
     usage: Usage = field(default_factory=Usage)
     abstained: str | None = None  # the last completion with no answer
     abstained_finish_reason: str | None = None
-
-
-class _FailureStreak:
-    """Engine failures with no success in between: the backoff, and when the job gives up.
-
-    Args:
-        limit: failures in a row that end the job.
-        timeout: seconds a streak of transient failures must also last.
-    """
-
-    def __init__(self, limit: int, timeout: float) -> None:
-        self.limit = limit
-        self.timeout = timeout
-        self.count = 0
-        self.started = 0.0  # when the current streak began
-        self.resume_at = -math.inf  # no dispatch before this
-        self.error: str | None = None  # why the job gave up
-        self.cause: BaseException | None = None
-
-    def backoff(self, now: float) -> float:
-        """Seconds to wait before the next dispatch (0 once the job gave up)."""
-        return self.resume_at - now if self.error is None else 0.0
-
-    def succeeded(self) -> None:
-        """A request came back: the streak and its backoff end."""
-        self.count = 0
-        self.resume_at = -math.inf
-
-    def failed(self, exc: BaseException, now: float) -> bool:
-        """Counts a failure; True if it is the one that ends the job."""
-        if self.count == 0:
-            self.started = now
-        self.count += 1
-        self.resume_at = now + min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** min(self.count - 1, 16))
-        if self.error is not None or self.count < self.limit:
-            return False
-        lasted = now - self.started
-        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
-        if transient and lasted < self.timeout:
-            return False
-        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {exc}"
-        self.cause = exc
-        return True
 
 
 class _AnswerSweeper:
@@ -303,7 +173,7 @@ class Job:
         self._report = JobReport(self.sink, self._num_questions, self.spec.budget, started)
         last_progress = -math.inf
         in_flight = self._in_flight
-        failures = _FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
+        failures = FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
         sweeper = _AnswerSweeper(self._num_questions)
         try:
             while True:
@@ -342,7 +212,7 @@ class Job:
     async def _complete(
         self,
         task: asyncio.Task[list[Sample]],
-        failures: _FailureStreak,
+        failures: FailureStreak,
         clock: Callable[[], float],
     ) -> int:
         """Accounts one finished request and returns its question.

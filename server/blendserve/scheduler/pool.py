@@ -25,13 +25,11 @@ from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
-from blendserve.scheduler.job import Keyer, Question
+from blendserve.scheduler.failures import backoff_s
+from blendserve.scheduler.spec import Keyer, Question
 from blendserve.stats import Stats
 
 __all__ = ["Pool", "PoolSpec"]
-
-_BACKOFF_S = 0.05
-_MAX_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -208,7 +206,7 @@ class Pool:
                                 f"engine failed {failures} times in a row: {exc}"
                             ) from exc
                         return self._answer(state, partial=True, capped=False)
-                    await asyncio.sleep(min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** (failures - 1)))
+                    await asyncio.sleep(backoff_s(failures))
                     continue
                 failures = 0
                 state.rounds += 1

@@ -1,0 +1,60 @@
+"""A streak of engine failures: the backoff before retrying, and when to give up."""
+
+from __future__ import annotations
+
+import math
+
+from blendserve.errors import EngineTimeout, EngineUnavailable
+
+__all__ = ["FailureStreak", "backoff_s"]
+
+_BACKOFF_S = 0.05  # first wait before failed samples are sent again, doubled per failure
+_MAX_BACKOFF_S = 1.0
+
+
+def backoff_s(num_failures: int) -> float:
+    """Seconds to wait after ``num_failures`` failures in a row: 50 ms doubling to 1 s."""
+    return min(_MAX_BACKOFF_S, _BACKOFF_S * 2.0 ** min(num_failures - 1, 16))
+
+
+class FailureStreak:
+    """Engine failures with no success in between: the backoff, and when the job gives up.
+
+    Args:
+        limit: failures in a row that end the job.
+        timeout: seconds a streak of transient failures must also last.
+    """
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self.limit = limit
+        self.timeout = timeout
+        self.count = 0
+        self.started = 0.0  # when the current streak began
+        self.resume_at = -math.inf  # no dispatch before this
+        self.error: str | None = None  # why the job gave up
+        self.cause: BaseException | None = None
+
+    def backoff(self, now: float) -> float:
+        """Seconds to wait before the next dispatch (0 once the job gave up)."""
+        return self.resume_at - now if self.error is None else 0.0
+
+    def succeeded(self) -> None:
+        """A request came back: the streak and its backoff end."""
+        self.count = 0
+        self.resume_at = -math.inf
+
+    def failed(self, exc: BaseException, now: float) -> bool:
+        """Counts a failure; True if it is the one that ends the job."""
+        if self.count == 0:
+            self.started = now
+        self.count += 1
+        self.resume_at = now + backoff_s(self.count)
+        if self.error is not None or self.count < self.limit:
+            return False
+        lasted = now - self.started
+        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
+        if transient and lasted < self.timeout:
+            return False
+        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {exc}"
+        self.cause = exc
+        return True

@@ -1,0 +1,93 @@
+"""What a job or a pool is given: questions, the request settings and a job's spec."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from blendserve.core.policies import PolicySpec
+from blendserve.engines.base import GenerateRequest, SamplingParams
+
+__all__ = ["JobSpec", "Keyer", "Question", "RequestSettings"]
+
+#: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
+Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
+
+
+class RequestSettings(Protocol):
+    """What an engine request of a job or a pool takes from its spec."""
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def answer_kind(self) -> str: ...
+    @property
+    def request_timeout(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: a plain prompt or chat messages."""
+
+    id: str
+    prompt: str | Sequence[int] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+
+    def request(self, n: int, first: int, settings: RequestSettings) -> GenerateRequest:
+        """The engine request for ``n`` samples, the first being this question's ``first``-th."""
+        return GenerateRequest(
+            prompt=self.prompt,
+            messages=self.messages,
+            n=n,
+            params=settings.sampling.from_sample(first),
+            model=settings.model,
+            question_id=self.id,
+            answer_kind=settings.answer_kind,
+            timeout=settings.request_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a job needs besides the engine.
+
+    Attributes:
+        questions: the batch.
+        budget: total samples, at least one per question.
+        policy: allocation policy (Blend-ASC by default).
+        sampling: sampling parameters of every request.
+        model: upstream model name.
+        answer_kind: answer format passed to the engine (a replay hint).
+        settle_delta: PPR-1v1 error at which a question stops (0: never).
+        concurrency: most samples in flight.
+        in_flight_per_question: samples in flight per open question, at most
+            (the latency trade-off: more is fewer rounds, fewer is decisions
+            closer to the sequential policy's; see :class:`Job`).
+        max_samples_per_request: largest ``n`` of one engine request.
+        seed: seeds the policy's tie-break.
+        request_timeout: seconds per engine request (None: the engine's default).
+        max_consecutive_failures: engine failures in a row that end the job.
+        failure_timeout: seconds a streak of transient engine failures (every
+            upstream down) must also last before it ends the job; this bounds
+            how long a job outlives its upstreams, not ``request_timeout``.
+        progress_interval: seconds between progress events, at least.
+    """
+
+    questions: Sequence[Question]
+    budget: int
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec("blend"))
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None
+    answer_kind: str = "auto"
+    settle_delta: float = 0.0
+    concurrency: int = 64
+    in_flight_per_question: float = 0.5
+    max_samples_per_request: int = 16
+    seed: int = 0
+    request_timeout: float | None = None
+    max_consecutive_failures: int = 8
+    failure_timeout: float = 5.0
+    progress_interval: float = 0.25
