@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,6 +12,7 @@ from fastapi.exceptions import RequestValidationError as FastAPIValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 from blendserve.errors import (
     BlendserveError,
@@ -27,6 +30,7 @@ __all__ = [
     "error_body",
     "error_responses",
     "install_error_handlers",
+    "send_error",
     "status_for",
 ]
 
@@ -81,12 +85,42 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, object]:
-    """OpenAI's error shape, used by every route: ``{"error": {...}}``."""
+def error_body(
+    message: str, type_: str, code: int | str, param: str | None = None
+) -> dict[str, object]:
+    """OpenAI's error shape, used by every route and middleware: ``{"error": {...}}``."""
     error: dict[str, object] = {"message": _ADDRESS.sub("", message), "type": type_, "code": code}
     if param is not None:
         error["param"] = param
     return {"error": error}
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: int | str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answers with the error body straight from an ASGI middleware (no route ran).
+
+    Args:
+        send: the ASGI send channel.
+        status: the HTTP status.
+        message: what went wrong.
+        code: the body's ``code`` (default: ``status``).
+        headers: sent after ``content-type`` and ``content-length``.
+    """
+    body = error_body(message, "invalid_request_error", status if code is None else code)
+    data = json.dumps(body).encode()
+    start = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(data)),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": data})
 
 
 async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
