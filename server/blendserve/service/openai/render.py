@@ -20,7 +20,7 @@ from blendserve.service.openai.schemas import (
     UsageInfo,
     VoteOut,
 )
-from blendserve.service.solve.schemas import ConfidenceOut
+from blendserve.service.vocabulary import ConfidenceOut
 
 __all__ = ["Choice", "Reply", "choices_from_answers", "choices_from_samples"]
 

@@ -34,7 +34,7 @@ from blendserve.service.openai.schemas import (
     CompletionRequest,
 )
 from blendserve.service.settings import Settings
-from blendserve.service.solve.schemas import check_extra
+from blendserve.service.vocabulary import check_extra
 
 __all__ = ["router"]
 
