@@ -65,6 +65,7 @@ __all__ = [
     "CacheInfo",
     "KeyOwner",
     "acanonical_key",
+    "aextract",
     "aextract_key",
     "cache_info",
     "canonical_key",
@@ -416,10 +417,18 @@ async def acanonical_key(answer: str, kind: str, owner: KeyOwner | None = None) 
     )
 
 
-async def aextract_key(text: str, kind: str, pattern: str | None = None) -> str | None:
-    """Extracts the answer of a sample and returns its key (None when it abstains).
+async def aextract(
+    text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
+) -> tuple[str | None, str | None]:
+    """Extracts the answer of a sample and returns it with its key (both None: it abstains).
 
     The ``regex`` kind's search runs on the executor too (it may take up to its timeout).
+
+    Args:
+        text: the sample's completion text.
+        kind: the answer kind.
+        pattern: the ``regex`` kind's pattern.
+        owner: whose key it is (one per job), for a fair share of the workers.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
@@ -431,5 +440,16 @@ async def aextract_key(text: str, kind: str, pattern: str | None = None) -> str 
     else:
         answer = extract(text, kind, pattern)
     if answer is None:
-        return None
-    return await acanonical_key(answer, kind)
+        return None, None
+    return answer, await acanonical_key(answer, kind, owner)
+
+
+async def aextract_key(text: str, kind: str, pattern: str | None = None) -> str | None:
+    """Extracts the answer of a sample and returns its key (None when it abstains).
+
+    The ``regex`` kind's search runs on the executor too (it may take up to its timeout).
+
+    Raises:
+        ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
+    """
+    return (await aextract(text, kind, pattern))[1]

@@ -13,6 +13,7 @@ from blendserve.core.policies.blend import warm_up as policy_warm_up
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
+from blendserve.service.jobs import make_keyer
 from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
 from blendserve.service.observability import RequestMetrics
 from blendserve.service.observability import router as metrics_router
@@ -23,7 +24,6 @@ from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
-from blendserve.service.solve.handlers import make_keyer
 from blendserve.service.solve.routes import router as solve_router
 from blendserve.service.system.routes import router as system_router
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
@@ -16,6 +17,7 @@ from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SamplingParams
 from blendserve.errors import RequestValidationError
+from blendserve.scheduler import AnswerEvent
 from blendserve.service.fields import RequestModel
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "invalid_field",
     "not_null",
     "sampling_params",
+    "vote_fields",
 ]
 
 #: Policies a caller may ask for (the oracle needs the true distributions).
@@ -235,3 +238,15 @@ class ConfidenceOut(BaseModel):
     asc: float = Field(description="P[p1 < p2] (0: certain, 0.5: a coin flip)")
     ppr: float = Field(description="PPR-1v1 uncertainty; at most settle_delta settles")
     share: float = Field(description="winner's share of the votes")
+
+
+def vote_fields(event: AnswerEvent) -> dict[str, Any]:
+    """How an answer event's question was voted, as both routes report it."""
+    return {
+        "answer": event.answer,
+        "votes": event.votes,
+        "samples": event.samples,
+        "confidence": ConfidenceOut(**asdict(event.confidence)),
+        "settled_early": event.settled_early,
+        "partial": event.partial,
+    }
