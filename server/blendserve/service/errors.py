@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError as FastAPIValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.types import Send
@@ -23,6 +23,7 @@ from blendserve.errors import (
     RequestValidationError,
     ServiceOverloaded,
 )
+from blendserve.service.disconnect import ClientGone
 
 __all__ = [
     "ErrorDetail",
@@ -154,8 +155,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Registers the handlers that turn exceptions into error bodies."""
+    """Registers the handlers that turn exceptions into error bodies (a gone client: 499)."""
+    app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(BlendserveError, _blendserve_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(FastAPIValidationError, _validation_error)
