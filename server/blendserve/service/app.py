@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -34,6 +35,7 @@ def create_app(
     settings: Settings | None = None,
     *,
     engine_factory: Callable[[], Awaitable[Engine]] | None = None,
+    answer_keys: answers.AnswerKeys | None = None,
 ) -> FastAPI:
     """Builds the service.
 
@@ -41,6 +43,7 @@ def create_app(
         settings: service settings (default: read from the environment).
         engine_factory: builds the engine at startup (default: from ``settings``);
             tests pass a ready engine this way.
+        answer_keys: the answer keys' workers and cache (default: the module's own).
 
     Raises:
         OSError: the API key file cannot be read.
@@ -54,6 +57,9 @@ def create_app(
         engine = await make_engine()
         app.state.engine = engine
         app.state.settings = settings
+        keys = answer_keys if answer_keys is not None else answers.default_keys()
+        app.state.answer_keys = keys
+        keyer_for = functools.partial(make_keyer, keys=keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,
             settings.max_budget_per_job,
@@ -63,7 +69,7 @@ def create_app(
         app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
         grouper = Grouper(
             engine,
-            make_keyer,
+            keyer_for,
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
             concurrency=settings.default_concurrency,
@@ -74,7 +80,7 @@ def create_app(
         )
         pools = OnlinePools(
             engine,
-            make_keyer,
+            keyer_for,
             concurrency=settings.default_concurrency,
             request_timeout=settings.upstream_timeout,
             score=settings.sc_score,
@@ -83,7 +89,7 @@ def create_app(
         )
         app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
-        warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
+        warming = asyncio.ensure_future(asyncio.to_thread(keys.warm_up))
         # Before the first request: the first job would load them on the event loop.
         await asyncio.to_thread(policy_warm_up)
         try:

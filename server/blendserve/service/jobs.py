@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from blendserve import answers
+from blendserve.answers import AnswerKeys
 from blendserve.core.policies import PolicySpec
 from blendserve.core.stopping import Score
 from blendserve.engines.base import SamplingParams
@@ -21,15 +22,21 @@ from blendserve.service.settings import Settings
 __all__ = ["JobDefaults", "JobOptions", "job_spec", "make_keyer", "pool_spec"]
 
 
-def make_keyer(kind: str, pattern: str | None) -> Keyer:
+def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
     """``text -> (answer, canonical key)`` for one answer format, off the event loop.
 
     Each keyer (one per job) is its own owner of the sympy workers' time.
+
+    Args:
+        kind: the answer kind.
+        pattern: the ``regex`` kind's pattern.
+        keys: whose workers and cache key the answers (None: the module's default).
     """
+    state = keys if keys is not None else answers.default_keys()
     owner = answers.KeyOwner()
 
     async def keyer(text: str) -> tuple[str | None, str | None]:
-        return await answers.aextract(text, kind, pattern, owner)
+        return await state.aextract(text, kind, pattern, owner)
 
     return keyer
 
@@ -71,9 +78,9 @@ class JobOptions:
         """Equal for options that may share a job or a pool."""
         return json.dumps(asdict(self), sort_keys=True, default=str)
 
-    def keyer(self) -> Keyer:
-        """A fresh keyer of the options' answer format."""
-        return make_keyer(self.answer_kind, self.answer_pattern)
+    def keyer(self, keys: AnswerKeys | None = None) -> Keyer:
+        """A fresh keyer of the options' answer format (``keys`` as for make_keyer)."""
+        return make_keyer(self.answer_kind, self.answer_pattern, keys)
 
 
 def job_spec(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -17,8 +17,10 @@ from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SamplingParams
 from blendserve.errors import RequestValidationError
-from blendserve.scheduler import AnswerEvent
 from blendserve.service.fields import RequestModel
+
+if TYPE_CHECKING:
+    from blendserve.scheduler import AnswerEvent
 
 __all__ = [
     "POLICY_PATTERN",

@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
 
+from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
 from blendserve.scheduler import (
     AnswerEvent,
@@ -48,13 +49,16 @@ _STATUS = {
 _CHUNK = 1000
 
 
-async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Runnable:
+async def build_job(
+    request: SolveRequest, engine: Engine, settings: Settings, keys: AnswerKeys | None = None
+) -> Runnable:
     """The job for a validated request, with the service's job defaults.
 
     With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``.
     A large request is built a chunk of questions at a time, yielding to the
     event loop in between: ten requests of 10,000 questions arriving at once
     then take turns with ``/health`` instead of running back to back.
+    ``keys`` keys the answers (None: the module's default).
     """
     questions: list[Question] = []
     for start in range(0, len(request.questions), _CHUNK):
@@ -80,9 +84,9 @@ async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -
         spec = pool_spec(
             defaults, options, budget_per_question=None, target=target, max_cap=request.cap
         )
-        return PooledJob(Pool(spec, engine, options.keyer(), "solve"), questions)
+        return PooledJob(Pool(spec, engine, options.keyer(keys), "solve"), questions)
     return Job(
-        job_spec(defaults, options, questions, request.total_budget), engine, options.keyer()
+        job_spec(defaults, options, questions, request.total_budget), engine, options.keyer(keys)
     )
 
 

@@ -56,7 +56,8 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         budget=body.total_budget,
         budget_param=_budget_param(body),
     ) as held:
-        job = state.running.add(await build_job(body, state.engine, state.settings))
+        built = await build_job(body, state.engine, state.settings, state.answer_keys)
+        job = state.running.add(built)
         accept = request.headers.get("accept", "")
         if "application/x-ndjson" in accept:
             return held.stream(ndjson_lines(job, held.slot), media_type="application/x-ndjson")
