@@ -40,7 +40,7 @@ from blendserve.engines.base import GenerateRequest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.service import Settings
-from blendserve.service.solve.handlers import make_keyer
+from blendserve.service.jobs import make_keyer
 from blendserve.sim.clock import run_virtual
 from blendserve.sim.data import MIN_ANSWERS, Dataset
 from blendserve.sim.runner import AnswerDraws

@@ -26,7 +26,7 @@ import uvicorn
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, Job, JobSpec, Question
 from blendserve.service import Settings, create_app
-from blendserve.service.solve.handlers import make_keyer
+from blendserve.service.jobs import make_keyer
 
 
 def _records(path: Path, limit: int) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -13,6 +14,7 @@ from blendserve.core.policies.blend import warm_up as policy_warm_up
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
+from blendserve.service.jobs import make_keyer
 from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
 from blendserve.service.observability import RequestMetrics
 from blendserve.service.observability import router as metrics_router
@@ -24,7 +26,6 @@ from blendserve.service.prometheus import PrometheusStats
 from blendserve.service.security import ApiKeyAuth
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
-from blendserve.service.solve.handlers import make_keyer
 from blendserve.service.solve.routes import router as solve_router
 from blendserve.service.system.routes import router as system_router
 
@@ -35,6 +36,7 @@ def create_app(
     settings: Settings | None = None,
     *,
     engine_factory: Callable[[], Awaitable[Engine]] | None = None,
+    answer_keys: answers.AnswerKeys | None = None,
 ) -> FastAPI:
     """Builds the service.
 
@@ -42,6 +44,7 @@ def create_app(
         settings: service settings (default: read from the environment).
         engine_factory: builds the engine at startup (default: from ``settings``);
             tests pass a ready engine this way.
+        answer_keys: the answer keys' workers and cache (default: the module's own).
 
     Raises:
         OSError: the API key file cannot be read.
@@ -57,6 +60,9 @@ def create_app(
         engine.report_to(sink)  # its jobs and pools report where it does
         app.state.engine = engine
         app.state.settings = settings
+        keys = answer_keys if answer_keys is not None else answers.default_keys()
+        app.state.answer_keys = keys
+        keyer_for = functools.partial(make_keyer, keys=keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,
             settings.max_budget_per_job,
@@ -66,7 +72,7 @@ def create_app(
         app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
         grouper = Grouper(
             engine,
-            make_keyer,
+            keyer_for,
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
             concurrency=settings.default_concurrency,
@@ -77,7 +83,7 @@ def create_app(
         )
         pools = OnlinePools(
             engine,
-            make_keyer,
+            keyer_for,
             concurrency=settings.default_concurrency,
             request_timeout=settings.upstream_timeout,
             score=settings.sc_score,
@@ -86,7 +92,7 @@ def create_app(
         )
         app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
-        warming = asyncio.ensure_future(asyncio.to_thread(answers.warm_up))
+        warming = asyncio.ensure_future(asyncio.to_thread(keys.warm_up))
         # Before the first request: the first job would load them on the event loop.
         await asyncio.to_thread(policy_warm_up)
         try:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError as FastAPIValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 from blendserve.errors import (
     BlendserveError,
@@ -20,6 +23,7 @@ from blendserve.errors import (
     RequestValidationError,
     ServiceOverloaded,
 )
+from blendserve.service.disconnect import ClientGone
 
 __all__ = [
     "ErrorDetail",
@@ -27,6 +31,7 @@ __all__ = [
     "error_body",
     "error_responses",
     "install_error_handlers",
+    "send_error",
     "status_for",
 ]
 
@@ -81,12 +86,42 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, object]:
-    """OpenAI's error shape, used by every route: ``{"error": {...}}``."""
+def error_body(
+    message: str, type_: str, code: int | str, param: str | None = None
+) -> dict[str, object]:
+    """OpenAI's error shape, used by every route and middleware: ``{"error": {...}}``."""
     error: dict[str, object] = {"message": _ADDRESS.sub("", message), "type": type_, "code": code}
     if param is not None:
         error["param"] = param
     return {"error": error}
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: int | str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answers with the error body straight from an ASGI middleware (no route ran).
+
+    Args:
+        send: the ASGI send channel.
+        status: the HTTP status.
+        message: what went wrong.
+        code: the body's ``code`` (default: ``status``).
+        headers: sent after ``content-type`` and ``content-length``.
+    """
+    body = error_body(message, "invalid_request_error", status if code is None else code)
+    data = json.dumps(body).encode()
+    start = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(data)),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": data})
 
 
 async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
@@ -120,8 +155,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Registers the handlers that turn exceptions into error bodies."""
+    """Registers the handlers that turn exceptions into error bodies (a gone client: 499)."""
+    app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(BlendserveError, _blendserve_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(FastAPIValidationError, _validation_error)

@@ -11,6 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blendserve.errors import RequestValidationError, ServiceOverloaded
+from blendserve.service.errors import send_error
 
 __all__ = [
     "LARGE_BODY_BYTES",
@@ -273,19 +274,5 @@ class BodySizeLimit:
                 return messages, received
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"request body over {self.max_bytes} bytes",
-                    "type": "invalid_request_error",
-                    "code": 413,
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", b"%d" % len(body)),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        message = f"request body over {self.max_bytes} bytes"
+        await send_error(send, 413, message, headers=[(b"connection", b"close")])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from blendserve.service.errors import send_error
 
 __all__ = ["ApiKeyAuth"]
 
@@ -36,22 +37,13 @@ class ApiKeyAuth:
         if self._authorised(dict(scope["headers"]).get(b"authorization", b"")):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(
-            {
-                "error": {
-                    "message": "missing or invalid API key (Authorization: Bearer <key>)",
-                    "type": "invalid_request_error",
-                    "code": "invalid_api_key",
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b"Bearer"),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(
+            send,
+            401,
+            "missing or invalid API key (Authorization: Bearer <key>)",
+            code="invalid_api_key",
+            headers=[(b"www-authenticate", b"Bearer")],
+        )
 
     def _authorised(self, header: bytes) -> bool:
         scheme, _, token = header.partition(b" ")

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.service.connections import ConnectionTimeouts
-from blendserve.service.solve.schemas import check_policy
+from blendserve.service.vocabulary import check_policy
 
 __all__ = ["Settings"]
 

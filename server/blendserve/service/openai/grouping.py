@@ -10,33 +10,20 @@ questions are final, not when the group ends.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from blendserve.core.policies import PolicySpec
-from blendserve.engines.base import Engine, SamplingParams
+from blendserve.engines.base import Engine
 from blendserve.errors import EngineUnavailable, SchedulerError
-from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Keyer, Question
+from blendserve.scheduler import AnswerEvent, DoneEvent, Job, Keyer, Question
+from blendserve.service.jobs import JobDefaults, JobOptions, job_spec
 from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["GroupSettings", "Grouper", "Ticket"]
 
 
-@dataclass(frozen=True)
-class GroupSettings:
-    """What the requests of one group share."""
-
-    policy: str
-    answer_kind: str
-    answer_pattern: str | None
-    settle_delta: float
-    sampling: SamplingParams
-    model: str | None
-
-    def key(self) -> str:
-        """Equal for settings that may share a job."""
-        return json.dumps(asdict(self), sort_keys=True, default=str)
+#: What the requests of one group share.
+GroupSettings = JobOptions
 
 
 @dataclass(eq=False)
@@ -102,10 +89,9 @@ class Grouper:
         self._keyer_for = keyer_for
         self.wait = wait
         self.max_questions = max_questions
-        self.concurrency = concurrency
-        self.in_flight_per_question = in_flight_per_question
-        self.request_timeout = request_timeout
-        self.failure_timeout = failure_timeout
+        self.defaults = JobDefaults(
+            concurrency, in_flight_per_question, request_timeout, failure_timeout
+        )
         self.jobs = jobs if jobs is not None else RunningJobs()
         self._open: dict[str, _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
@@ -148,19 +134,8 @@ class Grouper:
             return
         group.index = {i: j for j, i in enumerate(live)}
         settings = group.settings
-        spec = JobSpec(
-            questions=[group.questions[i] for i in live],
-            budget=max(len(live), round(sum(group.budgets[i] for i in live))),
-            policy=PolicySpec.parse(settings.policy),
-            sampling=settings.sampling,
-            model=settings.model,
-            answer_kind=settings.answer_kind,
-            settle_delta=settings.settle_delta,
-            concurrency=self.concurrency,
-            in_flight_per_question=self.in_flight_per_question,
-            request_timeout=self.request_timeout,
-            failure_timeout=self.failure_timeout,
-        )
+        budget = max(len(live), round(sum(group.budgets[i] for i in live)))
+        spec = job_spec(self.defaults, settings, [group.questions[i] for i in live], budget)
         keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
         group.job = self.jobs.add(Job(spec, self.engine, keyer))
         self.jobs_started += 1

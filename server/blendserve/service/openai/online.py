@@ -17,7 +17,8 @@ from blendserve.core.stopping import Score
 from blendserve.engines.base import Engine
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import AnswerEvent, Keyer, Question
-from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.scheduler.pool import Pool
+from blendserve.service.jobs import JobDefaults, pool_spec
 from blendserve.service.openai.grouping import Grouper, GroupSettings, Ticket
 from blendserve.service.shutdown import RunningJobs
 
@@ -74,8 +75,7 @@ class OnlinePools:
     ) -> None:
         self.engine = engine
         self._keyer_for = keyer_for
-        self.concurrency = concurrency
-        self.request_timeout = request_timeout
+        self.defaults = JobDefaults(concurrency, request_timeout=request_timeout)
         self.score = score
         self.cap = cap
         self.max_pools = max_pools
@@ -92,16 +92,13 @@ class OnlinePools:
         pool = self.pools.get(key)
         if pool is None:
             self._evict()
-            spec = PoolSpec(
+            spec = pool_spec(
+                self.defaults,
+                settings,
                 budget_per_question=None if target is not None else budget_per_question,
                 target=target,
-                sampling=settings.sampling,
-                model=settings.model,
-                answer_kind=settings.answer_kind,
                 score=self.score,
                 cap=self.cap,
-                concurrency=self.concurrency,
-                request_timeout=self.request_timeout,
             )
             aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
             name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"

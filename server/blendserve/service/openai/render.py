@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from blendserve.engines.base import Sample
@@ -20,7 +20,7 @@ from blendserve.service.openai.schemas import (
     UsageInfo,
     VoteOut,
 )
-from blendserve.service.solve.schemas import ConfidenceOut
+from blendserve.service.vocabulary import vote_fields
 
 __all__ = ["Choice", "Reply", "choices_from_answers", "choices_from_samples"]
 
@@ -66,15 +66,7 @@ def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choi
 
 def vote_out(event: AnswerEvent, temperature: float | None) -> VoteOut:
     """The ``blendserve`` field of one question whose samples were drawn at ``temperature``."""
-    return VoteOut(
-        answer=event.answer,
-        votes=event.votes,
-        samples=event.samples,
-        confidence=ConfidenceOut(**asdict(event.confidence)),
-        settled_early=event.settled_early,
-        partial=event.partial,
-        temperature=temperature,
-    )
+    return VoteOut(temperature=temperature, **vote_fields(event))
 
 
 class Reply:

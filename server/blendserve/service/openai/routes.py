@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,9 +14,9 @@ from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import BlendserveError
 from blendserve.scheduler import AnswerEvent, Question
-from blendserve.service.disconnect import ClientGone, while_connected
+from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, error_responses, status_for
-from blendserve.service.limits import HeldStreamingResponse, JobLimits, Prompt, Slot
+from blendserve.service.limits import Prompt
 from blendserve.service.openai.grouping import GroupSettings
 from blendserve.service.openai.online import DropIn
 from blendserve.service.openai.render import (
@@ -34,7 +34,7 @@ from blendserve.service.openai.schemas import (
     CompletionRequest,
 )
 from blendserve.service.settings import Settings
-from blendserve.service.solve.schemas import check_extra
+from blendserve.service.vocabulary import check_extra
 
 __all__ = ["router"]
 
@@ -106,69 +106,68 @@ async def _self_consistent(
         model=body.model,
     )
     check_extra(group.sampling.extra)
-    limits: JobLimits = request.app.state.limits
     questions_param, prompts = _prompt_fields(body, [q.prompt or q.messages for q in questions])
-    limits.check(
-        prompts,
-        budget * len(questions),
-        questions_param=questions_param,
+    async with admitted(
+        request,
+        len(questions),
+        param=questions_param,
+        prompts=prompts,
+        budget=budget * len(questions),
         budget_param="blendserve.budget_per_question",
-    )
-    slot: Slot = request.app.state.admission.admit(len(questions), param=questions_param)
-    ticket = grouper.submit(
-        group,
-        questions,
-        budget,
-        confidence=None if one_sample else options.confidence,
-        # A job spends exactly its budget (one sample each); a pool paces a mean.
-        policy_asked=options.policy is not None or one_sample,
-    )
-    # Each question gives its slot back once answered, not when its request or its
-    # group ends: a question answered early in a large request, or a stream read
-    # slowly, holds nothing.
-    for future in ticket.futures:
-        future.add_done_callback(lambda _: slot.answered())
-    reply = Reply(chat, _model(request, body.model))
-
-    def render(events: list[AnswerEvent]) -> tuple[Any, ...]:
-        choices = choices_from_answers(events, body.n)
-        usage = usage_of(
-            sum(e.usage.prompt_tokens for e in events),
-            sum(e.usage.completion_tokens for e in events),
+    ) as held:
+        ticket = grouper.submit(
+            group,
+            questions,
+            budget,
+            confidence=None if one_sample else options.confidence,
+            # A job spends exactly its budget (one sample each); a pool paces a mean.
+            policy_asked=options.policy is not None or one_sample,
         )
-        return choices, usage, [vote_out(e, temperature) for e in events]
+        # Each question gives its slot back once answered, not when its request or its
+        # group ends: a question answered early in a large request, or a stream read
+        # slowly, holds nothing.
+        for future in ticket.futures:
+            future.add_done_callback(lambda _: held.slot.answered())
+        reply = Reply(chat, _model(request, body.model))
 
-    if body.stream:
+        def render(events: list[AnswerEvent]) -> tuple[Any, ...]:
+            choices = choices_from_answers(events, body.n)
+            usage = usage_of(
+                sum(e.usage.prompt_tokens for e in events),
+                sum(e.usage.completion_tokens for e in events),
+            )
+            return choices, usage, [vote_out(e, temperature) for e in events]
 
-        async def stream() -> AsyncIterator[str]:
-            yield reply.opening()
-            try:
-                events = await ticket.answers()
-            except BlendserveError as exc:
-                # The 200 went out with the opening chunk: the error is a chunk.
-                error = error_body(str(exc), type(exc).__name__, status_for(exc))
-                yield f"data: {json.dumps(error)}\n\n"
-                yield DONE
-                return
-            choices, usage, votes = render(events)
-            for chunk in reply.chunks(choices, usage if body.include_usage else None, votes):
-                yield chunk
-
-        return HeldStreamingResponse(
-            stream(),
-            slot,
-            on_close=ticket.abandon,  # a no-op once answered
-            media_type="text/event-stream",
-            headers=_SSE_HEADERS,
-        )
-    try:
-        events = await while_connected(request, ticket.answers())
-    except ClientGone:
-        ticket.abandon()
-        return Response(status_code=499)
-    finally:
-        slot.release()
+        if body.stream:
+            return held.stream(
+                _voted_stream(reply, ticket.answers, render, body.include_usage),
+                on_close=ticket.abandon,  # a no-op once answered
+                media_type="text/event-stream",
+                headers=_SSE_HEADERS,
+            )
+        events = await held.wait(ticket.answers(), on_gone=ticket.abandon)
     return reply.full(*render(events))
+
+
+async def _voted_stream(
+    reply: Reply,
+    answers: Callable[[], Awaitable[list[AnswerEvent]]],
+    render: Callable[[list[AnswerEvent]], tuple[Any, ...]],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The opening chunk at once, then the answers' chunks once every question is answered."""
+    yield reply.opening()
+    try:
+        events = await answers()
+    except BlendserveError as exc:
+        # The 200 went out with the opening chunk: the error is a chunk.
+        error = error_body(str(exc), type(exc).__name__, status_for(exc))
+        yield f"data: {json.dumps(error)}\n\n"
+        yield DONE
+        return
+    choices, usage, votes = render(events)
+    for chunk in reply.chunks(choices, usage if include_usage else None, votes):
+        yield chunk
 
 
 def _prompt_fields(
@@ -190,26 +189,18 @@ async def _pass_through(
     engine: Engine = request.app.state.engine
     # Held until the reply has been relayed: passed-through requests count as jobs too.
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    slot: Slot = request.app.state.admission.admit(1, param=param)
-    try:
-        reply = (
-            await while_connected(request, engine.forward(path, raw))
-            if isinstance(engine, PassThrough)
-            else None
-        )
-    except ClientGone:
-        slot.release()
-        return Response(status_code=499)
-    except BaseException:
-        slot.release()
-        raise
-    if reply is None:
-        slot.release()
-        return await _emulate(request, body)
-    headers = _SSE_HEADERS if reply.content_type.startswith("text/event-stream") else None
-    return HeldStreamingResponse(
-        reply.body, slot, status_code=reply.status, media_type=reply.content_type, headers=headers
-    )
+    async with admitted(request, 1, param=param) as held:
+        forwarded = engine.forward(path, raw) if isinstance(engine, PassThrough) else None
+        reply = await held.wait(forwarded) if forwarded is not None else None
+        if reply is not None:
+            sse = reply.content_type.startswith("text/event-stream")
+            return held.stream(
+                reply.body,
+                status_code=reply.status,
+                media_type=reply.content_type,
+                headers=_SSE_HEADERS if sse else None,
+            )
+    return await _emulate(request, body)
 
 
 async def _emulate(
@@ -235,17 +226,13 @@ async def _emulate(
         ]
     # The service's own samples: the same limits and admission as a voted request.
     param, prompts = _prompt_fields(body, [ask.prompt or ask.messages for ask in asks])
-    request.app.state.limits.check(prompts, n * len(asks), questions_param=param, budget_param="n")
-    slot: Slot = request.app.state.admission.admit(len(asks), param=param)
-    reply = Reply(chat, _model(request, body.model))
-    try:
-        results: list[list[Sample]] = await while_connected(
-            request, asyncio.gather(*(engine.generate(ask) for ask in asks))
+    async with admitted(
+        request, len(asks), param=param, prompts=prompts, budget=n * len(asks), budget_param="n"
+    ) as held:
+        results: list[list[Sample]] = await held.wait(
+            asyncio.gather(*(engine.generate(ask) for ask in asks))
         )
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        slot.release()
+    reply = Reply(chat, _model(request, body.model))
     choices = [c for i, samples in enumerate(results) for c in choices_from_samples(samples, i * n)]
     samples = [s for result in results for s in result]
     usage = usage_of(

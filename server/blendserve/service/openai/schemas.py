@@ -10,17 +10,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from blendserve.engines.base import SamplingParams
 from blendserve.service.fields import RequestModel
-from blendserve.service.solve.schemas import (
+from blendserve.service.vocabulary import (
     POLICY_PATTERN,
     AnswerFormat,
     ChatMessages,
     ConfidenceOut,
     check_messages,
     check_policy,
+    invalid_field,
+    sampling_params,
 )
 
 __all__ = [
@@ -43,17 +44,12 @@ UNSUPPORTED_WITH_SC = (
 )  # fmt: skip
 
 
-def _invalid(param: str, message: str) -> PydanticCustomError:
-    """A validation error that names the request field at fault (``error.param``)."""
-    return PydanticCustomError("invalid_field", "{message}", {"message": message, "param": param})
-
-
 def _token_ids(value: object, param: str) -> None:
     if not isinstance(value, list) or not value:
-        raise _invalid(param, "token ids must be a non-empty list of integers")
+        raise invalid_field(param, "token ids must be a non-empty list of integers")
     for j, token in enumerate(value):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise _invalid(f"{param}.{j}", "a token id must be an integer >= 0")
+            raise invalid_field(f"{param}.{j}", "a token id must be an integer >= 0")
 
 
 class BlendserveOptions(RequestModel):
@@ -120,7 +116,7 @@ class _Request(RequestModel):
             for name in UNSUPPORTED_WITH_SC:
                 value = extra.get(name)
                 if value not in (None, False) and not (name == "best_of" and value == 1):
-                    raise _invalid(
+                    raise invalid_field(
                         name,
                         f"{name} is not supported with self-consistency: voting needs "
                         "generated answers (set blendserve.enabled to false to pass the "
@@ -140,22 +136,12 @@ class _Request(RequestModel):
 
         ``max_tokens`` and ``temperature`` replace the request's own when given.
         """
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         extra = {
             k: v
             for k, v in (self.model_extra or {}).items()
             if k not in UNSUPPORTED_WITH_SC and k != "max_completion_tokens"
         }
-        return SamplingParams(
-            temperature=temperature if temperature is not None else self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
-            stop=tuple(stop) if stop is not None else None,
-            seed=self.seed,
-            extra=extra,
-        )
+        return sampling_params(self, extra, max_tokens=max_tokens, temperature=temperature)
 
 
 class ChatCompletionRequest(_Request):
@@ -188,13 +174,13 @@ class CompletionRequest(_Request):
         if isinstance(value, str):
             return value
         if not isinstance(value, list) or not value:
-            raise _invalid(
+            raise invalid_field(
                 "prompt", "prompt must be a string, token ids, or a non-empty list of either"
             )
         if isinstance(value[0], str):
             for i, item in enumerate(value):
                 if not isinstance(item, str):
-                    raise _invalid(f"prompt.{i}", "a batch of text prompts holds strings only")
+                    raise invalid_field(f"prompt.{i}", "a batch of text prompts holds strings only")
         elif isinstance(value[0], list):
             for i, item in enumerate(value):
                 _token_ids(item, f"prompt.{i}")
@@ -208,7 +194,7 @@ class CompletionRequest(_Request):
             for i, prompt in enumerate(self.prompts):
                 if not prompt:
                     param = f"prompt.{i}" if self.batched else "prompt"
-                    raise _invalid(param, "an empty prompt has nothing to answer")
+                    raise invalid_field(param, "an empty prompt has nothing to answer")
         return self
 
     @property

@@ -8,33 +8,32 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
 
-from blendserve.core.policies import PolicySpec
+from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
 from blendserve.scheduler import (
     AnswerEvent,
     DoneEvent,
     Event,
     Job,
-    JobSpec,
     JobStatus,
-    Keyer,
     ProgressEvent,
     Question,
 )
-from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.scheduler.pool import Pool
+from blendserve.service.jobs import JobDefaults, JobOptions, job_spec, pool_spec
 from blendserve.service.limits import Slot
 from blendserve.service.settings import Settings
 from blendserve.service.solve.pooled import PooledJob
 from blendserve.service.solve.schemas import (
     AnswerOut,
     BudgetOut,
-    ConfidenceOut,
     SolveRequest,
     SolveResponse,
     UsageOut,
 )
+from blendserve.service.vocabulary import vote_fields
 
-__all__ = ["build_job", "collect", "make_keyer", "ndjson_lines", "sse_frames"]
+__all__ = ["build_job", "collect", "ndjson_lines", "sse_frames"]
 
 #: What a request runs: a budgeted job, or a batch with a quality target.
 Runnable = Job | PooledJob
@@ -46,38 +45,20 @@ _STATUS = {
 }
 
 
-def make_keyer(kind: str, pattern: str | None) -> Keyer:
-    """``text -> (answer, canonical key)`` for one answer format, off the event loop.
-
-    Each keyer (one per job) is its own owner of the sympy workers' time.
-    """
-    from blendserve.answers import KeyOwner, acanonical_key, extract
-
-    owner = KeyOwner()
-
-    async def keyer(text: str) -> tuple[str | None, str | None]:
-        if kind == "regex":  # a caller's pattern may be slow: never on the loop's thread
-            answer = await asyncio.to_thread(extract, text, kind, pattern)
-        else:
-            answer = extract(text, kind)
-        if answer is None:
-            return None, None
-        return answer, await acanonical_key(answer, kind, owner)
-
-    return keyer
-
-
 #: Questions built between two yields to the event loop (a few milliseconds of work).
 _CHUNK = 1000
 
 
-async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -> Runnable:
+async def build_job(
+    request: SolveRequest, engine: Engine, settings: Settings, keys: AnswerKeys | None = None
+) -> Runnable:
     """The job for a validated request, with the service's job defaults.
 
     With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``.
     A large request is built a chunk of questions at a time, yielding to the
     event loop in between: ten requests of 10,000 questions arriving at once
     then take turns with ``/health`` instead of running back to back.
+    ``keys`` keys the answers (None: the module's default).
     """
     questions: list[Question] = []
     for start in range(0, len(request.questions), _CHUNK):
@@ -87,38 +68,26 @@ async def build_job(request: SolveRequest, engine: Engine, settings: Settings) -
             Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
             for i, q in enumerate(request.questions[start : start + _CHUNK], start)
         ]
-    keyer = make_keyer(request.answer.kind, request.answer.pattern)
-    sampling = request.sampling.to_sampling_params()
-    concurrency = request.concurrency or settings.default_concurrency
-    if request.confidence is not None:
-        pool_spec = PoolSpec(
-            budget_per_question=None,
-            target=1.0 - request.confidence,
-            sampling=sampling,
-            model=request.model,
-            answer_kind=request.answer.kind,
-            score="asc",
-            max_cap=request.cap,
-            concurrency=concurrency,
-            request_timeout=settings.upstream_timeout,
-        )
-        return PooledJob(Pool(pool_spec, engine, keyer, "solve"), questions)
-    spec = JobSpec(
-        questions=questions,
-        budget=request.total_budget,
-        policy=PolicySpec.parse(request.policy),
-        sampling=sampling,
-        model=request.model,
+    options = JobOptions(
+        policy=request.policy,
         answer_kind=request.answer.kind,
+        answer_pattern=request.answer.pattern,
         settle_delta=request.settle_delta,
-        concurrency=concurrency,
-        in_flight_per_question=(
-            request.in_flight_per_question or settings.default_in_flight_per_question
-        ),
-        request_timeout=settings.upstream_timeout,
-        failure_timeout=settings.job_failure_timeout,
+        sampling=request.sampling.to_sampling_params(),
+        model=request.model,
+        concurrency=request.concurrency,
+        in_flight_per_question=request.in_flight_per_question,
     )
-    return Job(spec, engine, keyer)
+    defaults = JobDefaults.from_settings(settings)
+    if request.confidence is not None:
+        target = 1.0 - request.confidence
+        spec = pool_spec(
+            defaults, options, budget_per_question=None, target=target, max_cap=request.cap
+        )
+        return PooledJob(Pool(spec, engine, options.keyer(keys), "solve"), questions)
+    return Job(
+        job_spec(defaults, options, questions, request.total_budget), engine, options.keyer(keys)
+    )
 
 
 def answer_out(event: AnswerEvent) -> AnswerOut:
@@ -126,14 +95,9 @@ def answer_out(event: AnswerEvent) -> AnswerOut:
     return AnswerOut(
         index=event.index,
         id=event.id,
-        answer=event.answer,
-        votes=event.votes,
-        samples=event.samples,
-        confidence=ConfidenceOut(**asdict(event.confidence)),
-        settled_early=event.settled_early,
         completion=event.completion,
         usage=UsageOut(**asdict(event.usage)),
-        partial=event.partial,
+        **vote_fields(event),
     )
 
 

@@ -7,9 +7,9 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from blendserve.service.disconnect import ClientGone, while_connected
+from blendserve.service.admission import admitted
 from blendserve.service.errors import error_responses
-from blendserve.service.limits import HeldStreamingResponse, Prompt
+from blendserve.service.limits import Prompt
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
 
@@ -48,32 +48,26 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
             prompts[f"questions.{i}.prompt"] = q.prompt
         elif q.messages is not None:
             prompts[f"questions.{i}.messages"] = q.messages
-    state.limits.check(
-        prompts,
-        body.total_budget,
-        questions_param="questions",
+    async with admitted(
+        request,
+        len(body.questions),
+        param="questions",
+        prompts=prompts,
+        budget=body.total_budget,
         budget_param=_budget_param(body),
-    )
-    job = state.running.add(await build_job(body, state.engine, state.settings))
-    slot = state.admission.admit(len(body.questions))
-    accept = request.headers.get("accept", "")
-    if "application/x-ndjson" in accept:
-        return HeldStreamingResponse(
-            ndjson_lines(job, slot), slot, media_type="application/x-ndjson"
-        )
-    if body.stream or "text/event-stream" in accept:
-        return HeldStreamingResponse(
-            sse_frames(job, slot),
-            slot,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    try:
-        return await while_connected(request, collect(job, slot))
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        slot.release()
+    ) as held:
+        built = await build_job(body, state.engine, state.settings, state.answer_keys)
+        job = state.running.add(built)
+        accept = request.headers.get("accept", "")
+        if "application/x-ndjson" in accept:
+            return held.stream(ndjson_lines(job, held.slot), media_type="application/x-ndjson")
+        if body.stream or "text/event-stream" in accept:
+            return held.stream(
+                sse_frames(job, held.slot),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await held.wait(collect(job, held.slot))
 
 
 def _budget_param(body: SolveRequest) -> str:

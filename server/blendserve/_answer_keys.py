@@ -1,0 +1,359 @@
+"""The state behind :mod:`blendserve.answers`: settings, the sympy pool, the cache, the executor.
+
+An :class:`AnswerKeys` is one such state; the module functions of
+:mod:`blendserve.answers` use a default one, and a service may hold its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
+from blendserve.core.answers import (
+    RegexUnavailable,
+    check_kind,
+    choice_key,
+    clean_math,
+    exact_key,
+    is_safe_for_sympy,
+    is_text_answer,
+    math_fallback_key,
+    number_key,
+    search_re,
+    sympy_key,
+)
+from blendserve.core.answers import extract as _core_extract
+
+__all__ = ["DEFAULT_DEADLINE_S", "AnswerKeys", "CacheInfo", "KeyOwner"]
+
+#: Seconds one math answer may spend in sympy before it keys as a string.
+DEFAULT_DEADLINE_S = 2.0
+#: Deadline of a ``regex`` kind search run in the pool (no ``regex`` module).
+_RE_POOL_DEADLINE_S = 1.0
+_DEFAULT_CACHE_SIZE = 65_536
+_DEFAULT_WORKERS = 1
+#: Threads that wait for a worker; each waiting owner needs one to take its turn.
+_KEY_THREADS = 64
+
+
+class CacheInfo(NamedTuple):
+    """Math key cache and pool counters.
+
+    Attributes:
+        hits: keys served from the cache (or from a parse already in flight).
+        misses: keys that went to a worker (one parse each).
+        size: distinct answers cached now.
+        timeouts: parses that ran past the deadline and keyed as strings.
+        errors: parses that failed in the pool (keyed as strings, not cached).
+    """
+
+    hits: int
+    misses: int
+    size: int
+    timeouts: int
+    errors: int
+
+
+class KeyOwner:
+    """Whose math keys are asked for (one job): the sympy workers are shared between owners."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Turns:
+    """Gives the sympy workers to waiting calls, least-served owner first.
+
+    An owner's service is the wall time its calls held a worker; of two owners
+    with equal service the one with fewer calls running goes first, then the
+    earlier arrival. An owner is forgotten when it is garbage collected.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._waiting: list[tuple[KeyOwner, int]] = []  # (owner, arrival)
+        self._arrivals = itertools.count()
+        self._served: weakref.WeakKeyDictionary[KeyOwner, float] = weakref.WeakKeyDictionary()
+        self._calls: weakref.WeakKeyDictionary[KeyOwner, int] = weakref.WeakKeyDictionary()
+
+    def _rank(self, entry: tuple[KeyOwner, int]) -> tuple[float, int, int]:
+        owner, arrival = entry
+        return self._served.get(owner, 0.0), self._calls.get(owner, 0), arrival
+
+    @contextmanager
+    def turn(self, owner: KeyOwner, capacity: int) -> Iterator[None]:
+        """Holds one of ``capacity`` workers for ``owner`` while the block runs."""
+        with self._cond:
+            entry = (owner, next(self._arrivals))
+            self._waiting.append(entry)
+            self._cond.wait_for(
+                lambda: self._running < capacity and min(self._waiting, key=self._rank) is entry
+            )
+            self._waiting.remove(entry)
+            self._running += 1
+            self._calls[owner] = self._calls.get(owner, 0) + 1
+            self._cond.notify_all()
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._calls[owner] -= 1
+                self._served[owner] = self._served.get(owner, 0.0) + time.monotonic() - start
+                self._cond.notify_all()
+
+
+_SHARED_OWNER = KeyOwner()  # callers that name no owner
+#: Every live state: a forked child resets each.
+_LIVE: weakref.WeakSet[AnswerKeys] = weakref.WeakSet()
+
+
+class AnswerKeys:
+    """Answer extraction and math keys with their own workers, cache and counters.
+
+    See :mod:`blendserve.answers` (whose functions use a default one) for what
+    each method does. The workers start on first use and stop at interpreter
+    exit or at :meth:`shutdown`; a forked child starts its own.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.deadline = DEFAULT_DEADLINE_S
+        self.workers = _DEFAULT_WORKERS
+        self.cache_size = _DEFAULT_CACHE_SIZE
+        self.pool: SympyPool | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.cache: OrderedDict[str, str] = OrderedDict()  # cleaned answer -> key
+        self.aliases: OrderedDict[str, str] = OrderedDict()  # raw answer -> key
+        self.inflight: dict[str, Future[str]] = {}
+        self.turns = _Turns()
+        self.hits = self.misses = self.timeouts = self.errors = 0
+        _LIVE.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's workers, threads and lock are not ours."""
+        self.lock = threading.Lock()
+        self.pool = None
+        self.executor = None
+        self.inflight = {}
+        self.turns = _Turns()
+
+    def _get_pool(self) -> SympyPool:
+        with self.lock:
+            if self.pool is None:
+                self.pool = SympyPool(size=self.workers)
+            return self.pool
+
+    def _get_executor(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(
+                    max_workers=max(_KEY_THREADS, 2 * self.workers),
+                    thread_name_prefix="blendserve-keys",
+                )
+            return self.executor
+
+    def configure(
+        self,
+        *,
+        deadline_s: float | None = None,
+        workers: int | None = None,
+        cache_size: int | None = None,
+    ) -> None:
+        """Changes the math key settings; a new worker count restarts the pool."""
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError("deadline_s must be positive")
+        if workers is not None and workers < 1:
+            raise ValueError("workers must be at least 1")
+        if cache_size is not None and cache_size < 0:
+            raise ValueError("cache_size must be >= 0")
+        old_pool = None
+        with self.lock:
+            if deadline_s is not None:
+                self.deadline = deadline_s
+            if cache_size is not None:
+                self.cache_size = cache_size
+                for cache in (self.cache, self.aliases):
+                    while len(cache) > cache_size:
+                        cache.popitem(last=False)
+            if workers is not None and workers != self.workers:
+                self.workers = workers
+                old_pool, self.pool = self.pool, None
+        if old_pool is not None:
+            old_pool.close()
+
+    def warm_up(self) -> None:
+        """Starts the worker processes now instead of on first use."""
+        self._get_pool().warm()
+
+    def shutdown(self) -> None:
+        """Stops the worker processes and the executor; both restart lazily if used again."""
+        with self.lock:
+            pool, self.pool = self.pool, None
+            executor, self.executor = self.executor, None
+        if pool is not None:
+            pool.close()
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def clear_cache(self) -> None:
+        """Forgets every cached math key and zeroes the counters."""
+        with self.lock:
+            self.cache.clear()
+            self.aliases.clear()
+            self.hits = self.misses = self.timeouts = self.errors = 0
+
+    def cache_info(self) -> CacheInfo:
+        """Counters of the math key cache."""
+        with self.lock:
+            return CacheInfo(self.hits, self.misses, len(self.cache), self.timeouts, self.errors)
+
+    def extract(self, text: str, kind: str, pattern: str | None = None) -> str | None:
+        """The final answer of one sample, or None when it abstains."""
+        try:
+            return _core_extract(text, kind, pattern)
+        except RegexUnavailable:
+            assert pattern is not None
+            try:
+                result: str | None = self._get_pool().call(
+                    search_re, text, pattern, deadline=_RE_POOL_DEADLINE_S
+                )
+            except WorkerTimeout:
+                return None
+            except WorkerError as exc:
+                if "invalid answer pattern" in str(exc):
+                    raise ValueError(str(exc).split(": ", 1)[-1]) from None
+                return None
+            return result
+
+    def _quick_math_key(self, answer: str) -> tuple[str | None, str]:
+        """``(key, cleaned answer)``; the key is None when a worker must parse the answer.
+
+        Text answers and answers unsafe for sympy key without a worker; parsed keys
+        come from the cache, first by the raw answer (no clean-up), then by the
+        cleaned one.
+        """
+        with self.lock:
+            key = self.aliases.get(answer)
+            if key is not None:
+                self.aliases.move_to_end(answer)
+                self.hits += 1
+                return key, ""
+        cleaned = clean_math(answer)
+        words = is_text_answer(cleaned)
+        if words is not None:
+            return words, cleaned
+        if not is_safe_for_sympy(cleaned):
+            return math_fallback_key(cleaned), cleaned
+        with self.lock:
+            key = self.cache.get(cleaned)
+            if key is not None:
+                self.cache.move_to_end(cleaned)
+                self.hits += 1
+                _bounded_put(self.aliases, answer, key, self.cache_size)
+        return key, cleaned
+
+    def _math_key(self, answer: str, owner: KeyOwner = _SHARED_OWNER) -> str:
+        quick, cleaned = self._quick_math_key(answer)
+        if quick is not None:
+            return quick
+        with self.lock:
+            future = self.inflight.get(cleaned)
+            first = future is None
+            if future is None:
+                future = self.inflight[cleaned] = Future()
+                self.misses += 1
+            else:
+                self.hits += 1
+        if not first:
+            return future.result()
+        key = math_fallback_key(cleaned)
+        cacheable = True
+        try:
+            with self.turns.turn(owner, self.workers):
+                key = self._get_pool().call(sympy_key, cleaned, deadline=self.deadline)
+        except WorkerTimeout:
+            with self.lock:
+                self.timeouts += 1
+        except WorkerError:
+            cacheable = False
+            with self.lock:
+                self.errors += 1
+        finally:
+            with self.lock:
+                if cacheable:
+                    _bounded_put(self.cache, cleaned, key, self.cache_size)
+                    _bounded_put(self.aliases, answer, key, self.cache_size)
+                del self.inflight[cleaned]
+            future.set_result(key)
+        return key
+
+    def canonical_key(self, answer: str, kind: str) -> str:
+        """The voting key of an extracted answer (may block up to the deadline)."""
+        check_kind(kind)
+        if kind in ("math", "auto"):
+            return self._math_key(answer)
+        if kind == "number":
+            return number_key(answer) or exact_key(answer)
+        if kind == "choice":
+            return choice_key(answer)
+        return exact_key(answer)
+
+    async def acanonical_key(self, answer: str, kind: str, owner: KeyOwner | None = None) -> str:
+        """:meth:`canonical_key` for an event loop: sympy work runs off the loop's thread."""
+        check_kind(kind)
+        if kind not in ("math", "auto"):
+            return self.canonical_key(answer, kind)
+        quick, _ = self._quick_math_key(answer)
+        if quick is not None:
+            return quick
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._get_executor(), self._math_key, answer, owner or _SHARED_OWNER
+        )
+
+    async def aextract(
+        self, text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
+    ) -> tuple[str | None, str | None]:
+        """A sample's answer and its key (both None: it abstains), off the loop's thread."""
+        check_kind(kind)
+        if kind == "regex":
+            loop = asyncio.get_running_loop()
+            answer = await loop.run_in_executor(
+                self._get_executor(), self.extract, text, kind, pattern
+            )
+        else:
+            answer = self.extract(text, kind, pattern)
+        if answer is None:
+            return None, None
+        return answer, await self.acanonical_key(answer, kind, owner)
+
+
+def _bounded_put(cache: OrderedDict[str, str], key: str, value: str, size: int) -> None:
+    """Inserts into an LRU dict, evicting the oldest entries (caller holds the lock)."""
+    if size <= 0:
+        return
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
+
+
+def _after_fork() -> None:
+    for keys in list(_LIVE):
+        keys.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

@@ -1,0 +1,127 @@
+"""What a request runs: the service's job defaults plus the request's own options.
+
+``/solve``, grouped ``/v1`` jobs and the online pools all build their job
+or pool spec here, and their answer keyer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from blendserve import answers
+from blendserve.answers import AnswerKeys
+from blendserve.core.policies import PolicySpec
+from blendserve.core.stopping import Score
+from blendserve.engines.base import SamplingParams
+from blendserve.scheduler import JobSpec, Keyer, Question
+from blendserve.scheduler.pool import PoolSpec
+from blendserve.service.settings import Settings
+
+__all__ = ["JobDefaults", "JobOptions", "job_spec", "make_keyer", "pool_spec"]
+
+
+def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
+    """``text -> (answer, canonical key)`` for one answer format, off the event loop.
+
+    Each keyer (one per job) is its own owner of the sympy workers' time.
+
+    Args:
+        kind: the answer kind.
+        pattern: the ``regex`` kind's pattern.
+        keys: whose workers and cache key the answers (None: the module's default).
+    """
+    state = keys if keys is not None else answers.default_keys()
+    owner = answers.KeyOwner()
+
+    async def keyer(text: str) -> tuple[str | None, str | None]:
+        return await state.aextract(text, kind, pattern, owner)
+
+    return keyer
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """The service's side of every job: what a request leaves unset or cannot set."""
+
+    concurrency: int = 64
+    in_flight_per_question: float = 0.5
+    request_timeout: float | None = None
+    failure_timeout: float = 5.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JobDefaults:
+        """The defaults the service's settings give."""
+        return cls(
+            concurrency=settings.default_concurrency,
+            in_flight_per_question=settings.default_in_flight_per_question,
+            request_timeout=settings.upstream_timeout,
+            failure_timeout=settings.job_failure_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What one request asks of its job; None: the service's default."""
+
+    policy: str = "blend"
+    answer_kind: str = "auto"
+    answer_pattern: str | None = None
+    settle_delta: float = 0.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None
+    concurrency: int | None = None
+    in_flight_per_question: float | None = None
+
+    def key(self) -> str:
+        """Equal for options that may share a job or a pool."""
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    def keyer(self, keys: AnswerKeys | None = None) -> Keyer:
+        """A fresh keyer of the options' answer format (``keys`` as for make_keyer)."""
+        return make_keyer(self.answer_kind, self.answer_pattern, keys)
+
+
+def job_spec(
+    defaults: JobDefaults, options: JobOptions, questions: Sequence[Question], budget: int
+) -> JobSpec:
+    """The spec of a budgeted job of ``questions``."""
+    return JobSpec(
+        questions=questions,
+        budget=budget,
+        policy=PolicySpec.parse(options.policy),
+        sampling=options.sampling,
+        model=options.model,
+        answer_kind=options.answer_kind,
+        settle_delta=options.settle_delta,
+        concurrency=options.concurrency or defaults.concurrency,
+        in_flight_per_question=options.in_flight_per_question or defaults.in_flight_per_question,
+        request_timeout=defaults.request_timeout,
+        failure_timeout=defaults.failure_timeout,
+    )
+
+
+def pool_spec(
+    defaults: JobDefaults,
+    options: JobOptions,
+    *,
+    budget_per_question: float | None,
+    target: float | None = None,
+    score: Score = "asc",
+    cap: float = 16.0,
+    max_cap: int = 64,
+) -> PoolSpec:
+    """The spec of a pool paced to ``budget_per_question``, or of a fixed ``target``."""
+    return PoolSpec(
+        budget_per_question=budget_per_question,
+        target=target,
+        sampling=options.sampling,
+        model=options.model,
+        answer_kind=options.answer_kind,
+        score=score,
+        cap=cap,
+        max_cap=max_cap,
+        concurrency=options.concurrency or defaults.concurrency,
+        request_timeout=defaults.request_timeout,
+    )

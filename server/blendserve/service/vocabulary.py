@@ -1,0 +1,254 @@
+"""The request vocabulary ``/solve`` and ``/v1`` share: answers, messages, sampling, policies.
+
+Both routes' schemas, and the settings, take these from here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from blendserve.core.answers import search_regex
+from blendserve.core.policies import PolicySpec
+from blendserve.engines.base import SamplingParams
+from blendserve.errors import RequestValidationError
+from blendserve.service.fields import RequestModel
+
+if TYPE_CHECKING:
+    from blendserve.scheduler import AnswerEvent
+
+__all__ = [
+    "POLICY_PATTERN",
+    "SERVING_POLICIES",
+    "AnswerFormat",
+    "ChatMessages",
+    "ConfidenceOut",
+    "SamplingFields",
+    "SamplingIn",
+    "check_extra",
+    "check_messages",
+    "check_policy",
+    "invalid_field",
+    "not_null",
+    "sampling_params",
+    "vote_fields",
+]
+
+#: Policies a caller may ask for (the oracle needs the true distributions).
+SERVING_POLICIES = ("blend", "asc", "ppr", "esc", "sc")
+#: The policy strings the OpenAPI schema documents (validation parses them, see check_policy).
+_POLICY_OPTION = r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?)"
+POLICY_PATTERN = rf"^(blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
+
+#: Chat messages as OpenAI takes them; validated by check_messages.
+ChatMessages = Annotated[
+    list[dict[str, Any]],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}},
+            },
+        }
+    ),
+]
+
+#: Sampling fields the engine sets itself (its sample accounting depends on them).
+_ENGINE_OWNED = ("n", "seed", "stream")
+
+
+def invalid_field(param: str, message: str) -> PydanticCustomError:
+    """A validation error that names the request field at fault (``error.param``)."""
+    return PydanticCustomError("invalid_field", "{message}", {"message": message, "param": param})
+
+
+def check_policy(value: str) -> str:
+    """A policy string a job can run: a serving policy with valid options.
+
+    Raises:
+        ValueError: unknown policy, or bad options (``cap=0``, ``window=0``, ``cap=nan``).
+    """
+    spec = PolicySpec.parse(value)
+    if spec.name not in SERVING_POLICIES:
+        raise ValueError(f"policy {spec.name!r} cannot serve (use {', '.join(SERVING_POLICIES)})")
+    spec.build(1, 1)  # the policy's own checks of its options
+    return value
+
+
+def check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as OpenAI takes them: each with a string ``role`` and a ``content``."""
+    for message in messages:
+        if not isinstance(message.get("role"), str) or "content" not in message:
+            raise ValueError("each message needs a string role and a content")
+    return messages
+
+
+def check_extra(extra: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuses upstream fields that can never be sent: a retry could not help.
+
+    Raises:
+        RequestValidationError: an engine-owned field (``n``, ``seed``,
+            ``stream``) or a number that is not finite (JSON has no NaN), with
+            ``prefix`` + the field as ``param``.
+    """
+    for name, value in extra.items():
+        if name in _ENGINE_OWNED:
+            raise RequestValidationError(
+                f"{name} is set by blendserve, not passed upstream", param=prefix + name
+            )
+        if not _finite(value):
+            raise RequestValidationError(
+                f"{name}: numbers must be finite (no NaN or Infinity)", param=prefix + name
+            )
+
+
+def _finite(value: Any) -> bool:
+    pending = [value]  # a stack, not recursion: JSON may nest deeper than Python recurses
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return True
+
+
+def not_null(schema: dict[str, Any], *names: str) -> None:
+    """Drops the null branch of optional fields: the schema says to leave them out."""
+    for name in names:
+        field = schema["properties"][name]
+        branches = [b for b in field.pop("anyOf", []) if b.get("type") != "null"]
+        field.pop("default", None)
+        if len(branches) == 1:
+            field.update(branches[0])
+
+
+def _pattern_with_regex(schema: dict[str, Any]) -> None:
+    """Documents "``pattern`` with kind ``regex`` and only then"."""
+    not_null(schema, "pattern")
+    kinds = [k for k in schema["properties"]["kind"]["enum"] if k != "regex"]
+    schema["oneOf"] = [
+        {"properties": {"kind": {"const": "regex"}}, "required": ["kind", "pattern"]},
+        {"properties": {"kind": {"enum": kinds}}, "not": {"required": ["pattern"]}},
+    ]
+
+
+class AnswerFormat(BaseModel):
+    """How to extract the answer that votes."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_pattern_with_regex)
+
+    kind: Literal["auto", "number", "math", "choice", "regex", "exact"] = "auto"
+    pattern: str | None = Field(
+        None, min_length=1, max_length=1000, description="regex kind: first group"
+    )
+
+    @model_validator(mode="after")
+    def _pattern_for_regex(self) -> AnswerFormat:
+        if (self.kind == "regex") != (self.pattern is not None):
+            raise ValueError("pattern is required with kind regex and only then")
+        if self.pattern is not None:
+            search_regex("", self.pattern)  # a pattern that does not compile is a ValueError
+        return self
+
+
+class SamplingFields(Protocol):
+    """The sampling fields a request declares (``/solve``'s ``sampling``, ``/v1``'s body)."""
+
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def stop(self) -> str | list[str] | None: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
+def sampling_params(
+    fields: SamplingFields,
+    extra: Mapping[str, Any],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> SamplingParams:
+    """The engine-level parameters of a request's sampling fields.
+
+    Args:
+        fields: the declared fields.
+        extra: passed upstream as is.
+        max_tokens: replaces the request's own when given.
+        temperature: replaces the request's own when given.
+    """
+    stop = (fields.stop,) if isinstance(fields.stop, str) else fields.stop
+    return SamplingParams(
+        temperature=temperature if temperature is not None else fields.temperature,
+        top_p=fields.top_p,
+        top_k=fields.top_k,
+        min_p=fields.min_p,
+        max_tokens=max_tokens if max_tokens is not None else fields.max_tokens,
+        stop=tuple(stop) if stop is not None else None,
+        seed=fields.seed,
+        extra=dict(extra),
+    )
+
+
+class SamplingIn(RequestModel):
+    """Sampling parameters, as in the OpenAI and vLLM APIs."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(0.7, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
+
+    @field_validator("extra")
+    @classmethod
+    def _sendable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_extra(value)
+        return value
+
+    def to_sampling_params(self) -> SamplingParams:
+        """The engine-level parameters."""
+        return sampling_params(self, self.extra)
+
+
+class ConfidenceOut(BaseModel):
+    """How sure a vote is."""
+
+    asc: float = Field(description="P[p1 < p2] (0: certain, 0.5: a coin flip)")
+    ppr: float = Field(description="PPR-1v1 uncertainty; at most settle_delta settles")
+    share: float = Field(description="winner's share of the votes")
+
+
+def vote_fields(event: AnswerEvent) -> dict[str, Any]:
+    """How an answer event's question was voted, as both routes report it."""
+    return {
+        "answer": event.answer,
+        "votes": event.votes,
+        "samples": event.samples,
+        "confidence": ConfidenceOut(**asdict(event.confidence)),
+        "settled_early": event.settled_early,
+        "partial": event.partial,
+    }

@@ -1,0 +1,99 @@
+"""The service's shared seams: job specs from defaults plus options, keyers, admission."""
+
+import asyncio
+from typing import Any
+
+import pytest
+from blendserve import answers
+from blendserve.engines.base import SamplingParams
+from blendserve.errors import ServiceOverloaded
+from blendserve.scheduler import Question
+from blendserve.service.admission import admitted
+from blendserve.service.disconnect import ClientGone
+from blendserve.service.jobs import JobDefaults, JobOptions, job_spec, make_keyer, pool_spec
+from blendserve.service.limits import Admission, JobLimits
+
+DEFAULTS = JobDefaults(concurrency=8, in_flight_per_question=0.25, request_timeout=3.0)
+
+
+def test_a_job_spec_takes_the_request_options_over_the_defaults() -> None:
+    options = JobOptions(policy="asc", answer_kind="number", concurrency=2, settle_delta=0.1)
+    spec = job_spec(DEFAULTS, options, [Question("a", prompt="?")], 5)
+    assert (spec.policy.name, spec.answer_kind, spec.settle_delta) == ("asc", "number", 0.1)
+    assert (spec.concurrency, spec.in_flight_per_question) == (2, 0.25)
+    assert (spec.request_timeout, spec.failure_timeout, spec.budget) == (3.0, 5.0, 5)
+
+
+def test_a_pool_spec_shares_the_defaults_and_options() -> None:
+    sampling = SamplingParams(temperature=0.5)
+    options = JobOptions(answer_kind="math", sampling=sampling, model="m")
+    spec = pool_spec(DEFAULTS, options, budget_per_question=None, target=0.1, max_cap=32)
+    assert (spec.target, spec.max_cap, spec.concurrency, spec.model) == (0.1, 32, 8, "m")
+    assert spec.sampling is sampling and spec.request_timeout == 3.0
+
+
+def test_options_that_differ_do_not_share_a_key() -> None:
+    assert JobOptions().key() == JobOptions().key()
+    assert JobOptions().key() != JobOptions(model="m").key()
+
+
+def test_a_keyer_keys_with_the_state_it_is_given() -> None:
+    keys = answers.AnswerKeys()
+    try:
+        keyer = make_keyer("number", None, keys)
+        assert asyncio.run(keyer("so the answer is 1,000")) == ("1,000", "1000")
+        assert asyncio.run(make_keyer("choice", None)("The answer is (b)")) == ("B", "B")
+    finally:
+        keys.shutdown()
+
+
+class _State:
+    def __init__(self, max_jobs: int) -> None:
+        self.limits = JobLimits(10, 100, 10.0, 1000)
+        self.admission = Admission(max_jobs, 100)
+
+
+class _Request:
+    """What admitted() reads of a request."""
+
+    def __init__(self, state: _State, gone: bool = False) -> None:
+        self.app: Any = type("App", (), {"state": state})()
+        self._gone = gone
+
+    async def is_disconnected(self) -> bool:
+        return self._gone
+
+
+def test_admission_is_given_back_when_the_block_ends_however_it_ends() -> None:
+    state = _State(max_jobs=1)
+
+    async def scenario() -> None:
+        async with admitted(_Request(state), 2, param="questions") as held:  # type: ignore[arg-type]
+            assert (state.admission.jobs, state.admission.questions) == (1, 2)
+            held.slot.answered()
+            assert state.admission.questions == 1
+            with pytest.raises(ServiceOverloaded):
+                async with admitted(_Request(state), 1, param="questions"):  # type: ignore[arg-type]
+                    pass
+        assert (state.admission.jobs, state.admission.questions) == (0, 0)
+        gone: list[bool] = []
+        with pytest.raises(ClientGone):
+            async with admitted(_Request(state, gone=True), 1, param="q") as held:  # type: ignore[arg-type]
+                await held.wait(asyncio.sleep(5), on_gone=lambda: gone.append(True))
+        assert gone == [True] and state.admission.jobs == 0
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+
+
+def test_a_stream_holds_its_admission_past_the_block() -> None:
+    state = _State(max_jobs=1)
+
+    async def body() -> Any:
+        yield "x"
+
+    async def scenario() -> None:
+        async with admitted(_Request(state), 1, param="q") as held:  # type: ignore[arg-type]
+            held.stream(body())
+        assert state.admission.jobs == 1
+
+    asyncio.run(scenario())
