@@ -39,15 +39,13 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
-from dataclasses import dataclass, field
 
 from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy
-from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.engines.base import Engine, Sample
+from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import (
     AnswerEvent,
-    Confidence,
     DoneEvent,
     Event,
     JobStatus,
@@ -59,19 +57,6 @@ from blendserve.scheduler.spec import JobSpec, Keyer
 from blendserve.stats import JobReport, Stats
 
 __all__ = ["Job"]
-
-
-@dataclass
-class _QuestionState:
-    """What a question's samples brought, from its first sample until its answer is out."""
-
-    # canonical key -> first extracted answer, completion text and finish reason with that key
-    answers: dict[str, str] = field(default_factory=dict)
-    completions: dict[str, str] = field(default_factory=dict)
-    finish_reasons: dict[str, str | None] = field(default_factory=dict)
-    usage: Usage = field(default_factory=Usage)
-    abstained: str | None = None  # the last completion with no answer
-    abstained_finish_reason: str | None = None
 
 
 class _AnswerSweeper:
@@ -132,7 +117,7 @@ class Job:
         self._num_questions = len(spec.questions)
         # Only questions with samples and no answer yet have a state: a large job
         # does not keep objects per question for the collector to walk.
-        self._states: dict[int, _QuestionState] = {}
+        self._states: dict[int, Ballots] = {}
         self._answered = bytearray(self._num_questions)
         self._usage = Usage()
         self._num_answered = 0
@@ -311,19 +296,9 @@ class Job:
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
         state = self._states.get(q)
         if state is None:
-            state = self._states[q] = _QuestionState()
+            state = self._states[q] = Ballots()
         for sample in samples[:requested]:
-            # A sample cut at max_tokens is truncated: it must not vote.
-            truncated = sample.finish_reason == "length"
-            answer, key = (None, None) if truncated else await self.keyer(sample.text)
-            if key is None:
-                state.abstained = sample.text
-                state.abstained_finish_reason = sample.finish_reason
-            elif key not in state.answers:
-                state.answers[key] = answer if answer is not None else key
-                state.completions[key] = sample.text
-                state.finish_reasons[key] = sample.finish_reason
-            state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            key = await state.add(sample, self.keyer)
             self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             self._usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
             self.policy.observe(q, key)
@@ -362,34 +337,13 @@ class Job:
                 yield event
 
     def _answer(self, q: int, partial: bool) -> AnswerEvent:
-        votes = self.policy.votes
-        state = self._states.get(q) or _QuestionState()
-        n1, n2, num_distinct = votes.state(q)
-        key = votes.answer(q)
-        counts = {str(k): v for k, v in votes.counts[q].items()}
-        return AnswerEvent(
+        return (self._states.get(q) or Ballots()).answer_event(
+            self.policy.votes,
+            q,
             index=q,
             id=self.spec.questions[q].id,
-            answer=state.answers.get(str(key)) if key is not None else None,
-            key=str(key) if key is not None else None,
-            votes=counts,
-            samples=votes.num_samples[q],
-            confidence=Confidence(
-                asc=math.exp(asc_log_uncertainty(n1, n2)),
-                ppr=math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct))),
-                share=n1 / sum(counts.values()) if counts else 0.0,
-            ),
             settled_early=self.policy.is_settled(q),
-            completion=state.completions.get(str(key)) if key is not None else None,
-            usage=state.usage,
             partial=partial,
-            candidates={
-                str(k): (state.answers[str(k)], state.completions[str(k)])
-                for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
-            },
-            abstained=state.abstained,
-            finish_reasons={str(k): state.finish_reasons[str(k)] for k in counts},
-            abstained_finish_reason=state.abstained_finish_reason,
         )
 
     def _progress(self) -> ProgressEvent:

@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass, field
 
 from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
-from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
-from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
+from blendserve.scheduler.ballots import Ballots
+from blendserve.scheduler.events import AnswerEvent
 from blendserve.scheduler.failures import backoff_s
 from blendserve.scheduler.spec import Keyer, Question
 from blendserve.stats import Stats
@@ -86,13 +86,8 @@ class _Open:
     """One open question of the pool."""
 
     question: Question
-    votes: VoteState
-    answers: dict[str, tuple[str, str]]  # key -> (answer, one completion)
-    usage: Usage
-    abstained: str | None = None
-    # key -> finish reason of its completion in answers
-    finish_reasons: dict[str, str | None] = field(default_factory=dict)
-    abstained_finish_reason: str | None = None
+    votes: VoteState = field(default_factory=lambda: VoteState(1))
+    ballots: Ballots = field(default_factory=Ballots)
     rounds: int = 0
     paced: int = 0  # samples reported to the pacing controller
     cut: bool = False  # Pool.cancel ended it
@@ -170,7 +165,7 @@ class Pool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self, question: Question) -> AnswerEvent:
-        state = _Open(question, VoteState(1), {}, Usage())
+        state = _Open(question)
         self._open.add(state)
         self.num_open += 1
         self.sink.queued(1)
@@ -288,46 +283,19 @@ class Pool:
 
     async def _record(self, state: _Open, samples: list[Sample]) -> None:
         for sample in samples:
-            truncated = sample.finish_reason == "length"
-            answer, key = (None, None) if truncated else await self.keyer(sample.text)
-            if key is None:
-                state.abstained = sample.text
-                state.abstained_finish_reason = sample.finish_reason
-            elif key not in state.answers:
-                state.answers[key] = (answer if answer is not None else key, sample.text)
-                state.finish_reasons[key] = sample.finish_reason
-            state.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            key = await state.ballots.add(sample, self.keyer)
             self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             state.votes.add(0, key)
 
     def _answer(self, state: _Open, *, partial: bool, capped: bool) -> AnswerEvent:
-        votes = state.votes
-        n1, n2, num_distinct = votes.state(0)
-        key = votes.answer(0)
-        counts = {str(k): v for k, v in votes.counts[0].items()}
-        share = n1 / sum(counts.values()) if counts else 0.0
-        ppr = math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct)))
-        settled_early = not capped and not partial
-        samples = votes.num_samples[0]
-        self.sink.answered(samples, share, ppr, settled_early)
-        winner = state.answers.get(str(key)) if key is not None else None
-        return AnswerEvent(
+        event = state.ballots.answer_event(
+            state.votes,
+            0,
             index=0,
             id=state.question.id,
-            answer=winner[0] if winner else None,
-            key=str(key) if key is not None else None,
-            votes=counts,
-            samples=samples,
-            confidence=Confidence(asc=math.exp(asc_log_uncertainty(n1, n2)), ppr=ppr, share=share),
-            settled_early=settled_early,
-            completion=winner[1] if winner else None,
-            usage=state.usage,
+            settled_early=not capped and not partial,
             partial=partial,
-            candidates={
-                k: state.answers[k]
-                for k in sorted(counts, key=lambda k: (k != str(key), -counts[k]))
-            },
-            abstained=state.abstained,
-            finish_reasons={k: state.finish_reasons[k] for k in counts},
-            abstained_finish_reason=state.abstained_finish_reason,
         )
+        confidence = event.confidence
+        self.sink.answered(event.samples, confidence.share, confidence.ppr, event.settled_early)
+        return event

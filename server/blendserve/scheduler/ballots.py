@@ -1,0 +1,84 @@
+"""What one question's samples brought, and the answer event it makes: shared by jobs and pools."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.core.votes import VoteState
+from blendserve.engines.base import Sample
+from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
+from blendserve.scheduler.spec import Keyer
+
+__all__ = ["Ballots"]
+
+
+@dataclass
+class Ballots:
+    """Per answer key, the first answer, completion and finish reason seen; the last
+    abstention; the tokens spent. The votes themselves live in a :class:`VoteState`."""
+
+    # canonical key -> (first extracted answer, its completion)
+    answers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    abstained: str | None = None  # the last completion with no answer
+    abstained_finish_reason: str | None = None
+
+    async def add(self, sample: Sample, keyer: Keyer) -> str | None:
+        """Keys one sample and keeps what an answer needs; its key (None: it abstains).
+
+        A sample cut at ``max_tokens`` is truncated: it never votes.
+        """
+        truncated = sample.finish_reason == "length"
+        answer, key = (None, None) if truncated else await keyer(sample.text)
+        if key is None:
+            self.abstained = sample.text
+            self.abstained_finish_reason = sample.finish_reason
+        elif key not in self.answers:
+            self.answers[key] = (answer if answer is not None else key, sample.text)
+            self.finish_reasons[key] = sample.finish_reason
+        self.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+        return key
+
+    def answer_event(
+        self,
+        votes: VoteState,
+        q: int,
+        *,
+        index: int,
+        id: str,
+        settled_early: bool,
+        partial: bool,
+    ) -> AnswerEvent:
+        """Question ``q`` of ``votes`` answered now: its winner, votes and confidence."""
+        n1, n2, num_distinct = votes.state(q)
+        key = votes.answer(q)
+        winner_key = str(key) if key is not None else None
+        counts = {str(k): v for k, v in votes.counts[q].items()}
+        winner = self.answers.get(winner_key) if winner_key is not None else None
+        return AnswerEvent(
+            index=index,
+            id=id,
+            answer=winner[0] if winner else None,
+            key=winner_key,
+            votes=counts,
+            samples=votes.num_samples[q],
+            confidence=Confidence(
+                asc=math.exp(asc_log_uncertainty(n1, n2)),
+                ppr=math.exp(min(700.0, ppr_log_uncertainty(n1, n2, num_distinct))),
+                share=n1 / sum(counts.values()) if counts else 0.0,
+            ),
+            settled_early=settled_early,
+            completion=winner[1] if winner else None,
+            usage=self.usage,
+            partial=partial,
+            candidates={
+                k: self.answers[k]
+                for k in sorted(counts, key=lambda k: (k != winner_key, -counts[k]))
+            },
+            abstained=self.abstained,
+            finish_reasons={k: self.finish_reasons[k] for k in counts},
+            abstained_finish_reason=self.abstained_finish_reason,
+        )
