@@ -143,6 +143,7 @@ def test_the_start_threshold_falls_with_the_budget() -> None:
     [
         lambda: StoppingRule("bogus"),  # type: ignore[arg-type]
         lambda: StoppingRule("asc", 0),
+        lambda: StoppingRule("asc", 8, min_first=-1),
         lambda: PacedThreshold(0.5),
         lambda: PacedThreshold(None),
         lambda: PacedThreshold(8, log_tau=1.0e3),
