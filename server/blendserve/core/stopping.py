@@ -24,12 +24,16 @@ from typing import Literal
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 
 __all__ = [
+    "DEFAULT_CAP",
     "SCORES",
     "PacedThreshold",
     "Score",
     "StoppingRule",
     "start_log_tau",
 ]
+
+#: A question's cap, as a multiple of the mean budget (see StoppingRule.for_budget).
+DEFAULT_CAP = 16.0
 
 #: Uncertainty scores a stopping rule may threshold.
 SCORES = ("asc", "ppr")
@@ -103,7 +107,7 @@ class StoppingRule:
         budget_per_question: float,
         *,
         score: Score = "asc",
-        cap: float = 16.0,
+        cap: float = DEFAULT_CAP,
         max_extra: float = 48.0,
         min_growth: float = 0.0,
         first_share: float = 0.5,

@@ -19,7 +19,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from blendserve.core.stopping import PacedThreshold, Score, StoppingRule
+from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
@@ -58,7 +58,7 @@ class PoolSpec:
     model: str | None = None
     answer_kind: str = "auto"
     score: Score = "asc"
-    cap: float = 16.0
+    cap: float = DEFAULT_CAP
     max_cap: int = 64
     concurrency: int = 64
     max_samples_per_request: int = 16

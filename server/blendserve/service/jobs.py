@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from blendserve import answers
 from blendserve.answers import AnswerKeys
 from blendserve.core.policies import PolicySpec
-from blendserve.core.stopping import Score
+from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.engines.base import SamplingParams
 from blendserve.scheduler import JobSpec, Keyer, Question
 from blendserve.scheduler.pool import PoolSpec
@@ -109,7 +109,7 @@ def pool_spec(
     budget_per_question: float | None,
     target: float | None = None,
     score: Score = "asc",
-    cap: float = 16.0,
+    cap: float = DEFAULT_CAP,
     max_cap: int = 64,
 ) -> PoolSpec:
     """The spec of a pool paced to ``budget_per_question``, or of a fixed ``target``."""

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.service.connections import ConnectionTimeouts
 from blendserve.service.vocabulary import check_policy
@@ -60,7 +61,7 @@ class Settings(BaseSettings):
         "online", description="online: per-question stopping paced to the budget; grouped: jobs"
     )
     sc_score: Literal["asc", "ppr"] = Field("asc", description="uncertainty online stopping uses")
-    sc_cap: float = Field(16.0, ge=1, description="online cap, a multiple of the budget")
+    sc_cap: float = Field(DEFAULT_CAP, ge=1, description="online cap, a multiple of the budget")
     group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
     group_max: int = Field(256, ge=1, description="questions that start a group at once")
     log_level: str = "info"

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from blendserve.core.stopping import SCORES, PacedThreshold, Score, StoppingRule
+from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.sim.data import Dataset
 from blendserve.sim.runner import AnswerDraws
@@ -38,7 +38,7 @@ class OnlineSpec:
     """
 
     score: Score = "asc"
-    cap: float = 16.0
+    cap: float = DEFAULT_CAP
     target: float | None = None
     growth: float = 0.0
     extra: float = 48.0

@@ -4,12 +4,13 @@ from typing import Any, TypeVar
 
 from blendserve.engines.base import SamplingParams
 from blendserve.scheduler import Keyer, Question
-from blendserve.service.openai.grouping import Grouper, GroupSettings
+from blendserve.service.jobs import JobOptions
+from blendserve.service.openai.grouping import Grouper
 
 from tests.support.fake_engine import FakeEngine, last_word
 
 T = TypeVar("T")
-SETTINGS = GroupSettings("blend", "exact", None, 0.0, SamplingParams(), None)
+SETTINGS = JobOptions("blend", "exact", None, 0.0, SamplingParams(), None)
 # The grouper makes ids unique within a job: "<position in the group>:<id>".
 DISTRIBUTIONS = {
     "0:a": [("1", 1.0)],
@@ -52,7 +53,7 @@ def test_requests_share_one_job_whose_budget_is_the_sum() -> None:
 def test_different_settings_never_share_a_job() -> None:
     async def scenario() -> int:
         grouper = _grouper(FakeEngine(DISTRIBUTIONS), wait=0.01)
-        other = GroupSettings("asc", "exact", None, 0.0, SamplingParams(), None)
+        other = JobOptions("asc", "exact", None, 0.0, SamplingParams(), None)
         tickets = [grouper.submit(s, [Question("c", prompt="c?")], 2) for s in (SETTINGS, other)]
         for ticket in tickets:
             assert [a.answer for a in await ticket.answers()] == ["4"]
@@ -65,7 +66,7 @@ def test_a_request_answered_before_its_group_ends() -> None:
     async def scenario() -> tuple[int, int]:
         engine = FakeEngine(DISTRIBUTIONS, seed=2, latency=0.001)
         grouper = _grouper(engine, max_questions=2)
-        settling = GroupSettings("blend", "exact", None, 0.05, SamplingParams(), None)
+        settling = JobOptions("blend", "exact", None, 0.05, SamplingParams(), None)
         sure = grouper.submit(settling, [Question("a", prompt="a?")], 100)
         slow = grouper.submit(settling, [Question("b", prompt="b?")], 100)
         (answer,) = await sure.answers()

@@ -19,16 +19,12 @@ from blendserve.scheduler import AnswerEvent, DoneEvent, Job, Keyer, Question
 from blendserve.service.jobs import JobDefaults, JobOptions, job_spec
 from blendserve.service.shutdown import RunningJobs
 
-__all__ = ["GroupSettings", "Grouper", "Ticket"]
-
-
-#: What the requests of one group share.
-GroupSettings = JobOptions
+__all__ = ["Grouper", "Ticket"]
 
 
 @dataclass(eq=False)
 class _Group:
-    settings: GroupSettings
+    settings: JobOptions
     questions: list[Question] = field(default_factory=list)
     budgets: list[float] = field(default_factory=list)
     futures: list[asyncio.Future[AnswerEvent]] = field(default_factory=list)
@@ -99,7 +95,7 @@ class Grouper:
         self.jobs_started = 0
 
     def submit(
-        self, settings: GroupSettings, questions: Sequence[Question], budget_per_question: float
+        self, settings: JobOptions, questions: Sequence[Question], budget_per_question: float
     ) -> Ticket:
         """Adds a request's questions to the open group of its settings."""
         key = settings.key()

@@ -13,13 +13,13 @@ import itertools
 import json
 from collections.abc import Callable, Sequence
 
-from blendserve.core.stopping import Score
+from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.engines.base import Engine
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import AnswerEvent, Keyer, Question
 from blendserve.scheduler.pool import Pool
-from blendserve.service.jobs import JobDefaults, pool_spec
-from blendserve.service.openai.grouping import Grouper, GroupSettings, Ticket
+from blendserve.service.jobs import JobDefaults, JobOptions, pool_spec
+from blendserve.service.openai.grouping import Grouper, Ticket
 from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["DropIn", "OnlinePools", "OnlineTicket"]
@@ -69,7 +69,7 @@ class OnlinePools:
         concurrency: int,
         request_timeout: float | None = None,
         score: Score = "asc",
-        cap: float = 16.0,
+        cap: float = DEFAULT_CAP,
         max_pools: int = 64,
         running: RunningJobs | None = None,
     ) -> None:
@@ -84,7 +84,7 @@ class OnlinePools:
         self._ids = itertools.count()
 
     def pool(
-        self, settings: GroupSettings, budget_per_question: float, confidence: float | None = None
+        self, settings: JobOptions, budget_per_question: float, confidence: float | None = None
     ) -> Pool:
         """The pool of these settings and budget (or quality target), made if new."""
         target = None if confidence is None else 1.0 - confidence
@@ -108,7 +108,7 @@ class OnlinePools:
 
     def submit(
         self,
-        settings: GroupSettings,
+        settings: JobOptions,
         questions: Sequence[Question],
         budget_per_question: float,
         confidence: float | None = None,
@@ -155,7 +155,7 @@ class DropIn:
 
     def submit(
         self,
-        settings: GroupSettings,
+        settings: JobOptions,
         questions: Sequence[Question],
         budget_per_question: float,
         *,

@@ -16,8 +16,8 @@ from blendserve.errors import BlendserveError
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, error_responses, status_for
+from blendserve.service.jobs import JobOptions
 from blendserve.service.limits import Prompt
-from blendserve.service.openai.grouping import GroupSettings
 from blendserve.service.openai.online import DropIn
 from blendserve.service.openai.render import (
     DONE,
@@ -95,7 +95,7 @@ async def _self_consistent(
         budget = 1
     elif temperature == 0:
         temperature = settings.sc_greedy_temperature
-    group = GroupSettings(
+    group = JobOptions(
         policy=options.policy or settings.sc_policy,
         answer_kind=answer.kind if answer is not None else settings.sc_answer,
         answer_pattern=answer.pattern if answer is not None else None,
