@@ -113,8 +113,8 @@ async def _run_job(job_records: list[Record], engine: ReplayEngine, **spec: Any)
     """Runs one job; returns (wrong answers, samples spent)."""
     questions = [Question(id=r.id, prompt=r.id) for r in job_records]
     job = Job(
-        JobSpec(questions=questions, answer_kind="exact", **spec),
-        engine,
+        JobSpec(questions=questions, **spec),
+        engine.rendering("exact"),
         make_keyer("exact", None),
     )
     wrong, spent = 0, 0

@@ -75,7 +75,7 @@ def overhead(records: list[dict[str, Any]], budget_per_question: int) -> float:
 async def _job(records: list[dict[str, Any]], engine: ReplayEngine, **spec: Any) -> dict[str, str]:
     questions = [Question(id=r["id"], prompt=str(r["id"])) for r in records]
     job = Job(
-        JobSpec(questions=questions, answer_kind="exact", **spec), engine, make_keyer("exact", None)
+        JobSpec(questions=questions, **spec), engine.rendering("exact"), make_keyer("exact", None)
     )
     return {e.id: e.answer or "" async for e in job.events() if isinstance(e, AnswerEvent)}
 

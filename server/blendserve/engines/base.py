@@ -65,8 +65,6 @@ class GenerateRequest:
         params: sampling parameters.
         model: upstream model name (None: the engine's default).
         question_id: the question's id: replica affinity, replay lookup.
-        answer_kind: answer format the caller will extract (a hint for the
-            replay engine; real engines ignore it).
         timeout: seconds for the whole call (None: the engine's default).
     """
 
@@ -76,7 +74,6 @@ class GenerateRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     model: str | None = None
     question_id: str | None = None
-    answer_kind: str = "auto"
     timeout: float | None = None
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ model imitates an engine's batch; fault injection imitates a bad upstream.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 import time
@@ -119,6 +120,60 @@ def _prompt_key(prompt: str | Sequence[int]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(list(prompt))
 
 
+class _Batch:
+    """The sequences a replay engine serves at once, shared by its renderings.
+
+    A request's n sequences start together (all-or-nothing, so no deadlock),
+    in arrival order, like an engine's waiting queue.
+    """
+
+    def __init__(self, latency: LatencyModel, stats: ReplayStats) -> None:
+        self.limit = latency.max_concurrent_sequences
+        self.free = self.limit
+        self.stats = stats
+        # requests waiting for sequences, first come first served: (sequences, wake-up)
+        self.waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def run(self, n: int, delay: float) -> None:
+        """Holds ``n`` sequences for ``delay`` seconds, once they are free."""
+        need = min(n, self.limit or n)
+        if self.free is not None:
+            if self.waiting or self.free < need:
+                wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self.waiting.append((need, wake))
+                try:
+                    await wake
+                except asyncio.CancelledError:
+                    if wake.done() and not wake.cancelled():
+                        self._release(need)  # granted just as it was cancelled
+                    else:
+                        self.waiting.remove((need, wake))
+                        self._release(0)  # the next in line may fit now
+                    raise
+            else:
+                self.free -= need
+        stats = self.stats
+        stats.sequences_in_flight += n
+        stats.max_sequences_in_flight = max(
+            stats.max_sequences_in_flight, stats.sequences_in_flight
+        )
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            stats.sequences_in_flight -= n
+            if self.free is not None:
+                self._release(need)
+
+    def _release(self, sequences: int) -> None:
+        """Frees ``sequences`` and starts waiting requests, in order, while they fit."""
+        assert self.free is not None
+        self.free += sequences
+        while self.waiting and self.waiting[0][0] <= self.free:
+            need, wake = self.waiting.popleft()
+            self.free -= need
+            wake.set_result(None)
+
+
 class ReplayEngine(Engine):
     """Serves recorded answers by question id, else by exact prompt.
 
@@ -131,6 +186,8 @@ class ReplayEngine(Engine):
         faults: injected fault rates.
         model_name: the name ``models()`` reports.
         sink: where its samples and latencies are reported, as upstream ``replay``.
+        answer_kind: the extractor its completions are written for (see
+            :func:`render`; :meth:`rendering` gives the same engine for another).
 
     Raises:
         ValueError: unreadable data or a record without an answers list.
@@ -147,6 +204,7 @@ class ReplayEngine(Engine):
         faults: FaultConfig | None = None,
         model_name: str = "replay",
         sink: Stats = NO_STATS,
+        answer_kind: str = "auto",
     ) -> None:
         # question id or prompt -> recorded answers (None: no answer)
         self._answers: dict[str, list[str | None]] = {}
@@ -170,9 +228,18 @@ class ReplayEngine(Engine):
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
         self._delay_rng = random.Random(seed + 2)
-        self._free = self.latency.max_concurrent_sequences
-        # requests waiting for sequences, first come first served: (sequences, wake-up)
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._batch = _Batch(self.latency, self.stats)
+        self.answer_kind = answer_kind
+
+    def rendering(self, kind: str) -> ReplayEngine:
+        """This engine writing its answers for the ``kind`` extractor.
+
+        It shares the recorded answers, draws, capacity and counters: jobs of
+        different answer formats run side by side on one batch.
+        """
+        view = copy.copy(self)
+        view.answer_kind = kind
+        return view
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with its one healthy upstream."""
@@ -202,14 +269,14 @@ class ReplayEngine(Engine):
         outcome: UpstreamOutcome = "failed"
         try:
             await self._fault(request)
-            texts = [render(a, request.answer_kind) for a in drawn]
+            texts = [render(a, self.answer_kind) for a in drawn]
             tokens = [len(text.split()) for text, _ in texts]
             delay = self.latency.fixed + self.latency.per_token * max(tokens)
             if self.latency.exponential_mean > 0:
                 delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
             if self._fault_rng.random() < self.faults.slow_rate:
                 delay *= self.faults.slow_factor
-            await self._run(request.n, delay)
+            await self._batch.run(request.n, delay)
             text = request.prompt if request.prompt is not None else str(request.messages)
             prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
             self.stats.samples += request.n
@@ -249,46 +316,6 @@ class ReplayEngine(Engine):
                 await asyncio.Event().wait()  # hangs until cancelled, like a stuck upstream
             await asyncio.sleep(request.timeout or 0)
             raise EngineTimeout(f"replay: injected timeout after {request.timeout} s")
-
-    async def _run(self, n: int, delay: float) -> None:
-        # A request's n sequences start together (all-or-nothing, so no deadlock),
-        # in arrival order, like an engine's waiting queue.
-        need = min(n, self.latency.max_concurrent_sequences or n)
-        if self._free is not None:
-            if self._waiting or self._free < need:
-                wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiting.append((need, wake))
-                try:
-                    await wake
-                except asyncio.CancelledError:
-                    if wake.done() and not wake.cancelled():
-                        self._release(need)  # granted just as it was cancelled
-                    else:
-                        self._waiting.remove((need, wake))
-                        self._release(0)  # the next in line may fit now
-                    raise
-            else:
-                self._free -= need
-        stats = self.stats
-        stats.sequences_in_flight += n
-        stats.max_sequences_in_flight = max(
-            stats.max_sequences_in_flight, stats.sequences_in_flight
-        )
-        try:
-            await asyncio.sleep(delay)
-        finally:
-            stats.sequences_in_flight -= n
-            if self._free is not None:
-                self._release(need)
-
-    def _release(self, sequences: int) -> None:
-        """Frees ``sequences`` and starts waiting requests, in order, while they fit."""
-        assert self._free is not None
-        self._free += sequences
-        while self._waiting and self._waiting[0][0] <= self._free:
-            need, wake = self._waiting.popleft()
-            self._free -= need
-            wake.set_result(None)
 
     async def health(self) -> EngineHealth:
         """Always healthy (faults are per request)."""

@@ -42,7 +42,6 @@ class PoolSpec:
         target: a fixed ``tau`` (quality target: stop at ``P[p1 < p2] <= target``).
         sampling: sampling parameters of every request.
         model: upstream model name.
-        answer_kind: answer format passed to the engine (a replay hint).
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, a multiple of the budget (and at most 48 beyond it).
         max_cap: with a quality target, the cap in samples.
@@ -56,7 +55,6 @@ class PoolSpec:
     target: float | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str | None = None
-    answer_kind: str = "auto"
     score: Score = "asc"
     cap: float = DEFAULT_CAP
     max_cap: int = 64

@@ -23,8 +23,6 @@ class RequestSettings(Protocol):
     @property
     def model(self) -> str | None: ...
     @property
-    def answer_kind(self) -> str: ...
-    @property
     def request_timeout(self) -> float | None: ...
 
 
@@ -45,7 +43,6 @@ class Question:
             params=settings.sampling.from_sample(first),
             model=settings.model,
             question_id=self.id,
-            answer_kind=settings.answer_kind,
             timeout=settings.request_timeout,
         )
 
@@ -60,7 +57,6 @@ class JobSpec:
         policy: allocation policy (Blend-ASC by default).
         sampling: sampling parameters of every request.
         model: upstream model name.
-        answer_kind: answer format passed to the engine (a replay hint).
         settle_delta: PPR-1v1 error at which a question stops (0: never).
         concurrency: most samples in flight.
         in_flight_per_question: samples in flight per open question, at most
@@ -81,7 +77,6 @@ class JobSpec:
     policy: PolicySpec = field(default_factory=lambda: PolicySpec("blend"))
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str | None = None
-    answer_kind: str = "auto"
     settle_delta: float = 0.0
     concurrency: int = 64
     in_flight_per_question: float = 0.5

@@ -8,9 +8,12 @@ from typing import Any, TypeVar
 import pytest
 from blendserve.answers import extract
 from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines.rendering import for_answers
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, render
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.sim import run_virtual
+
+from tests.support.fake_engine import FakeEngine
 
 T = TypeVar("T")
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
@@ -26,10 +29,10 @@ def _request(question_id: str | None = "q-easy", n: int = 1, **kwargs: Any) -> G
 
 
 def test_lookup_by_id_then_by_prompt() -> None:
-    engine = ReplayEngine(DATA)
-    by_id = _run(engine.generate(_request("q-easy", n=3, answer_kind="number")))
+    engine = ReplayEngine(DATA, answer_kind="number")
+    by_id = _run(engine.generate(_request("q-easy", n=3)))
     assert len(by_id) == 3 and all(s.upstream == "replay" for s in by_id)
-    by_prompt = _run(engine.generate(_request(None, prompt="Which is it?", answer_kind="number")))
+    by_prompt = _run(engine.generate(_request(None, prompt="Which is it?")))
     assert extract(by_prompt[0].text, "number") in {"7", "8", None}
     chat = GenerateRequest(messages=[{"role": "user", "content": "What is 6 times 7?"}])
     assert _run(engine.generate(chat))
@@ -41,8 +44,8 @@ def test_unknown_question_is_a_protocol_error() -> None:
 
 
 def test_draws_follow_the_recorded_frequencies_and_render_for_extraction() -> None:
-    engine = ReplayEngine(DATA, seed=3)
-    samples = _run(engine.generate(_request("q-split", n=4000, answer_kind="number")))
+    engine = ReplayEngine(DATA, seed=3, answer_kind="number")
+    samples = _run(engine.generate(_request("q-split", n=4000)))
     counts = Counter(extract(s.text, "number") for s in samples)
     assert counts["7"] / 4000 == pytest.approx(0.6, abs=0.03)
     assert counts["8"] / 4000 == pytest.approx(0.3, abs=0.03)
@@ -163,3 +166,34 @@ def test_capacity_serves_waiting_requests_in_arrival_order_and_skips_the_cancell
     assert started == ["a", "c", "d"]
     assert elapsed == 2.0  # c and d ran together once a finished
     assert engine.stats.max_sequences_in_flight == 2
+
+
+def test_renderings_write_their_own_format_and_share_one_batch() -> None:
+    engine = ReplayEngine(
+        [{"id": "q", "answers": ["42"]}],
+        latency=LatencyModel(fixed=1.0, max_concurrent_sequences=2),
+    )
+    math, exact = engine.rendering("math"), engine.rendering("exact")
+    texts: list[str] = []
+
+    async def request(view: ReplayEngine) -> None:
+        samples = await view.generate(GenerateRequest(prompt="q", n=2, question_id="q"))
+        texts.extend(s.text for s in samples)
+
+    async def main() -> None:
+        await asyncio.gather(request(math), request(exact), request(engine))
+
+    _, elapsed = run_virtual(main())
+    assert elapsed == 3.0  # one request of two sequences at a time
+    assert engine.stats.samples == 6 and engine.stats.max_sequences_in_flight == 2
+    assert [extract(t, "math") for t in texts[:2]] == ["42", "42"]
+    assert texts[2:4] == ["42", "42"]
+    assert extract(texts[4], "number") == "42" and engine.answer_kind == "auto"
+
+
+def test_only_engines_that_render_answers_are_told_the_format() -> None:
+    engine = ReplayEngine(DATA)
+    view = for_answers(engine, "choice")
+    assert isinstance(view, ReplayEngine) and view.answer_kind == "choice"
+    other = FakeEngine({"q": [("1", 1.0)]})
+    assert for_answers(other, "choice") is other

@@ -62,10 +62,12 @@ def test_every_question_is_sampled_before_any_twice_and_every_one_is_answered(
     num_questions: int, extra: int, concurrency: int, latency: str, seed: int
 ) -> None:
     records = _records(num_questions, seed)
-    engine = CoverageCheckingEngine(records, seed=seed, latency=LATENCIES[latency])
+    engine = CoverageCheckingEngine(
+        records, seed=seed, latency=LATENCIES[latency], answer_kind="exact"
+    )
     questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
     budget = num_questions + extra
-    spec = JobSpec(questions, budget=budget, concurrency=concurrency, answer_kind="exact")
+    spec = JobSpec(questions, budget=budget, concurrency=concurrency)
     job = engine.job = Job(spec, engine, last_word)
     events = _run(job)
     answers = [e for e in events if isinstance(e, AnswerEvent)]
@@ -80,8 +82,8 @@ def test_every_question_is_sampled_before_any_twice_and_every_one_is_answered(
 def test_two_questions_with_one_sample_each_both_get_it() -> None:
     records = [{"id": "a", "answers": ["1"]}, {"id": "b", "answers": ["2"]}]
     questions = [Question("a", "a"), Question("b", "b")]
-    spec = JobSpec(questions, budget=2, concurrency=64, answer_kind="exact")
-    job = Job(spec, ReplayEngine(records), last_word)
+    spec = JobSpec(questions, budget=2, concurrency=64)
+    job = Job(spec, ReplayEngine(records, answer_kind="exact"), last_word)
     answers = [e for e in _run(job) if isinstance(e, AnswerEvent)]
     assert {a.id: (a.answer, a.samples) for a in answers} == {"a": ("1", 1), "b": ("2", 1)}
 

@@ -44,7 +44,7 @@ def _question(i: int) -> Question:
 
 def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
     engine = ReplayEngine(_records(240), seed=1, latency=LatencyModel(fixed=0.001))
-    pool = Pool(PoolSpec(budget_per_question=5, answer_kind="number"), engine, _keyer)
+    pool = Pool(PoolSpec(budget_per_question=5), engine, _keyer)
 
     async def stream() -> list[AnswerEvent]:
         answers = []
@@ -151,7 +151,7 @@ def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
 def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
     records = [{"id": f"q{i}", "answers": ["1", "2", "3"]} for i in range(4)]
     engine = SeedRecordingEngine(records)
-    spec = PoolSpec(budget_per_question=6, answer_kind="number", sampling=SamplingParams(seed=7))
+    spec = PoolSpec(budget_per_question=6, sampling=SamplingParams(seed=7))
     pool = Pool(spec, engine, _keyer)
 
     async def ask() -> list[AnswerEvent]:

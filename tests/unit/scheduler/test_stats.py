@@ -95,7 +95,7 @@ def test_a_failed_job_ends_with_its_unanswered_questions_unqueued() -> None:
 def test_a_pool_reports_each_question_its_rounds_and_its_pacing() -> None:
     sink = RecordingStats()
     engine = ReplayEngine(RECORDS, seed=2)
-    pool = Pool(PoolSpec(budget_per_question=4, answer_kind="number"), engine, _keyer, "p", sink)
+    pool = Pool(PoolSpec(budget_per_question=4), engine, _keyer, "p", sink)
 
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(q) for q in QUESTIONS)))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from blendserve.engines.base import Engine
+from blendserve.engines.rendering import for_answers
 from blendserve.errors import EngineUnavailable, SchedulerError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, Keyer, Question
 from blendserve.service.jobs import JobDefaults, JobOptions, job_spec
@@ -133,7 +134,8 @@ class Grouper:
         budget = max(len(live), round(sum(group.budgets[i] for i in live)))
         spec = job_spec(self.defaults, settings, [group.questions[i] for i in live], budget)
         keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-        group.job = self.jobs.add(Job(spec, self.engine, keyer))
+        engine = for_answers(self.engine, settings.answer_kind)
+        group.job = self.jobs.add(Job(spec, engine, keyer))
         self.jobs_started += 1
         group.task = asyncio.get_running_loop().create_task(self._run(group, live))
         self._running.add(group.task)

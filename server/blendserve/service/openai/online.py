@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.engines.base import Engine
+from blendserve.engines.rendering import for_answers
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import AnswerEvent, Keyer, Question
 from blendserve.scheduler.pool import Pool
@@ -103,7 +104,8 @@ class OnlinePools:
             aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
             name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"
             keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-            pool = self.pools[key] = self.running.add_pool(Pool(spec, self.engine, keyer, name))
+            engine = for_answers(self.engine, settings.answer_kind)
+            pool = self.pools[key] = self.running.add_pool(Pool(spec, engine, keyer, name))
         return pool
 
     def submit(

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
+from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import (
     AnswerEvent,
     DoneEvent,
@@ -79,6 +80,7 @@ async def build_job(
         in_flight_per_question=request.in_flight_per_question,
     )
     defaults = JobDefaults.from_settings(settings)
+    engine = for_answers(engine, options.answer_kind)
     if request.confidence is not None:
         target = 1.0 - request.confidence
         spec = pool_spec(
