@@ -9,9 +9,14 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
 from blendserve.service.connections import ConnectionTimeouts, timed_protocol
 from fastapi import FastAPI
+
+#: One answer-keys state for the apps of :func:`serve_engine`: an app's own
+#: would start a sympy worker process for each test.
+KEYS = AnswerKeys()
 
 
 class LiveServer:
@@ -75,5 +80,6 @@ def serve_engine(engine: Engine, **settings: Any) -> LiveServer:
     options = {"default_concurrency": 4, "group_wait_ms": 0, **settings}
     config = Settings(**options)
     return LiveServer(
-        create_app(config, engine_factory=factory), connections=config.connection_timeouts()
+        create_app(config, engine_factory=factory, answer_keys=KEYS),
+        connections=config.connection_timeouts(),
     )

@@ -44,13 +44,14 @@ def create_app(
         settings: service settings (default: read from the environment).
         engine_factory: builds the engine at startup (default: from ``settings``);
             tests pass a ready engine this way.
-        answer_keys: the answer keys' workers and cache (default: the module's own).
+        answer_keys: the answer keys' workers and cache, shared with the caller
+            (default: the app's own, started and stopped with it).
 
     Raises:
         OSError: the API key file cannot be read.
     """
     settings = settings if settings is not None else Settings()
-    keys = settings.keys()
+    api_keys = settings.keys()
     sink = PrometheusStats()
     make_engine = engine_factory or (lambda: build_engine(settings.engine_config(), sink))
 
@@ -60,7 +61,7 @@ def create_app(
         engine.report_to(sink)  # its jobs and pools report where it does
         app.state.engine = engine
         app.state.settings = settings
-        keys = answer_keys if answer_keys is not None else answers.default_keys()
+        keys = answer_keys if answer_keys is not None else answers.AnswerKeys()
         app.state.answer_keys = keys
         keyer_for = functools.partial(make_keyer, keys=keys)
         app.state.limits = JobLimits(
@@ -101,6 +102,8 @@ def create_app(
             await dropin.aclose()
             await engine.aclose()
             await asyncio.gather(warming, return_exceptions=True)
+            if answer_keys is None:
+                await asyncio.to_thread(keys.shutdown)
 
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
     app.state.running = RunningJobs()
@@ -112,6 +115,6 @@ def create_app(
     app.include_router(metrics_router)
     # The last added runs first: count every request, then check its key, then its size.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(ApiKeyAuth, keys=keys, protect_metrics=settings.metrics_auth)
+    app.add_middleware(ApiKeyAuth, keys=api_keys, protect_metrics=settings.metrics_auth)
     app.add_middleware(RequestMetrics)
     return app
