@@ -384,12 +384,12 @@ class _GatedReplay(ReplayEngine):
         self._gate: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
         if request.prompt == self.gated:
             if self._gate is None:
                 self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
             await self._gate.wait()
-        return await super().generate(request)
+        return await super().replay(request, kind)
 
     def open(self) -> None:
         """Lets the gated requests through (from the test's thread)."""

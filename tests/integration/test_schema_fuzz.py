@@ -59,8 +59,8 @@ class _EveryQuestionReplay(ReplayEngine):
     """The replay engine answering every question, whatever its id or prompt, from one
     recorded distribution (generated questions match no recorded one)."""
 
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
-        return await super().generate(replace(request, question_id="any"))
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        return await super().replay(replace(request, question_id="any"), kind)
 
 
 @pytest.fixture(scope="module")

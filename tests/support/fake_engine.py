@@ -84,8 +84,8 @@ class SeedRecordingEngine(ReplayEngine):
         super().__init__(records)
         self.seeds: dict[str, list[int]] = {}
 
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
         assert request.params.seed is not None and request.question_id is not None
         seeds = self.seeds.setdefault(request.question_id, [])
         seeds += [request.params.seed + i for i in range(request.n)]
-        return await super().generate(request)
+        return await super().replay(request, kind)

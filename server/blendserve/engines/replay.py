@@ -10,7 +10,6 @@ model imitates an engine's batch; fault injection imitates a bad upstream.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import random
 import time
@@ -231,15 +230,13 @@ class ReplayEngine(Engine):
         self._batch = _Batch(self.latency, self.stats)
         self.answer_kind = answer_kind
 
-    def rendering(self, kind: str) -> ReplayEngine:
+    def rendering(self, kind: str) -> Engine:
         """This engine writing its answers for the ``kind`` extractor.
 
-        It shares the recorded answers, draws, capacity and counters: jobs of
-        different answer formats run side by side on one batch.
+        The view has no state of its own: jobs of different answer formats
+        draw from one engine and share its batch and counters.
         """
-        view = copy.copy(self)
-        view.answer_kind = kind
-        return view
+        return _Rendering(self, kind)
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with its one healthy upstream."""
@@ -259,7 +256,15 @@ class ReplayEngine(Engine):
         raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[-1]!r}")
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        """Draws ``request.n`` recorded answers and renders them, after the modelled delay."""
+        """Draws ``request.n`` recorded answers and renders them in its answer format."""
+        return await self.replay(request, self.answer_kind)
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        """``request.n`` recorded answers rendered for ``kind``, after the modelled delay.
+
+        Every request comes through here, from :meth:`generate` or a
+        :meth:`rendering`: the place for a test double to hook.
+        """
         recorded = self._lookup(request)
         drawn = self._draw(request, recorded)
         self.stats.requests += 1
@@ -269,7 +274,7 @@ class ReplayEngine(Engine):
         outcome: UpstreamOutcome = "failed"
         try:
             await self._fault(request)
-            texts = [render(a, self.answer_kind) for a in drawn]
+            texts = [render(a, kind) for a in drawn]
             tokens = [len(text.split()) for text, _ in texts]
             delay = self.latency.fixed + self.latency.per_token * max(tokens)
             if self.latency.exponential_mean > 0:
@@ -324,3 +329,30 @@ class ReplayEngine(Engine):
     async def models(self) -> list[str]:
         """The configured model name."""
         return [self.model_name]
+
+
+class _Rendering(Engine):
+    """A replay engine as jobs of one answer format see it."""
+
+    def __init__(self, engine: ReplayEngine, kind: str) -> None:
+        self.engine = engine
+        self.kind = kind
+        self.name = engine.name
+        self.sink = engine.sink
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports the engine to ``sink`` from now on."""
+        self.engine.report_to(sink)
+        self.sink = sink
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        """The engine's samples, rendered for this view's answer format."""
+        return await self.engine.replay(request, self.kind)
+
+    async def health(self) -> EngineHealth:
+        """The engine's health."""
+        return await self.engine.health()
+
+    async def models(self) -> list[str]:
+        """The engine's models."""
+        return await self.engine.models()

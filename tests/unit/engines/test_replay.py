@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.answers import extract
-from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines import Engine, GenerateRequest, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, render
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
@@ -176,7 +176,7 @@ def test_renderings_write_their_own_format_and_share_one_batch() -> None:
     math, exact = engine.rendering("math"), engine.rendering("exact")
     texts: list[str] = []
 
-    async def request(view: ReplayEngine) -> None:
+    async def request(view: Engine) -> None:
         samples = await view.generate(GenerateRequest(prompt="q", n=2, question_id="q"))
         texts.extend(s.text for s in samples)
 
@@ -194,6 +194,7 @@ def test_renderings_write_their_own_format_and_share_one_batch() -> None:
 def test_only_engines_that_render_answers_are_told_the_format() -> None:
     engine = ReplayEngine(DATA)
     view = for_answers(engine, "choice")
-    assert isinstance(view, ReplayEngine) and view.answer_kind == "choice"
+    (sample,) = _run(view.generate(_request("q-easy")))
+    assert re.search(r"Answer: \((41|42)\)$", sample.text) and view.sink is engine.sink
     other = FakeEngine({"q": [("1", 1.0)]})
     assert for_answers(other, "choice") is other

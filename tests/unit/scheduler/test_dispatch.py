@@ -27,12 +27,12 @@ class CoverageCheckingEngine(ReplayEngine):
     job: Job | None = None
     violations = 0
 
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
         assert self.job is not None
         assigned = self.job.policy.num_assigned
         if max(assigned) >= 2 and min(assigned) == 0:
             self.violations += 1
-        return await super().generate(request)
+        return await super().replay(request, kind)
 
 
 def _records(num_questions: int, seed: int) -> list[dict[str, Any]]:
