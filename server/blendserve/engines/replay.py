@@ -2,7 +2,7 @@
 
 It is a test double for schedulers, benchmarks, fault tests and demos, not a
 model: for a question it draws (with replacement) one of the answers recorded
-for it and renders a short completion in the requested answer format, so
+for it and renders a short completion in the answer format asked for, so
 extraction and voting run exactly as in production. A latency and capacity
 model imitates an engine's batch; fault injection imitates a bad upstream.
 """
@@ -120,7 +120,7 @@ def _prompt_key(prompt: str | Sequence[int]) -> str:
 
 
 class _Batch:
-    """The sequences a replay engine serves at once, shared by its renderings.
+    """The sequences a replay engine serves at once, like a GPU batch.
 
     A request's n sequences start together (all-or-nothing, so no deadlock),
     in arrival order, like an engine's waiting queue.
