@@ -60,7 +60,9 @@ def _ask(
 def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -> None:
     async def scenario() -> list[str]:
         async with OpenAIEngine([server.base_url], timeout=120) as engine:
-            samples = await engine.generate(_ask(QUESTIONS[0][0], n=4, max_tokens=32, temperature=1.0, seed=1))
+            samples = await engine.generate(
+                _ask(QUESTIONS[0][0], n=4, max_tokens=32, temperature=1.0, seed=1)
+            )
             return [s.text for s in samples]
 
     texts = _run(scenario())
