@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -14,7 +13,7 @@ from blendserve.core.policies.blend import warm_up as policy_warm_up
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
 from blendserve.service.errors import install_error_handlers
-from blendserve.service.jobs import make_keyer
+from blendserve.service.jobs import JobDefaults, JobMaker
 from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
 from blendserve.service.observability import RequestMetrics
 from blendserve.service.observability import router as metrics_router
@@ -63,7 +62,7 @@ def create_app(
         app.state.settings = settings
         keys = answer_keys if answer_keys is not None else answers.AnswerKeys()
         app.state.answer_keys = keys
-        keyer_for = functools.partial(make_keyer, keys=keys)
+        app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,
             settings.max_budget_per_job,
@@ -72,21 +71,13 @@ def create_app(
         )
         app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
         grouper = Grouper(
-            engine,
-            keyer_for,
+            maker,
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
-            concurrency=settings.default_concurrency,
-            in_flight_per_question=settings.default_in_flight_per_question,
-            request_timeout=settings.upstream_timeout,
-            failure_timeout=settings.job_failure_timeout,
             jobs=app.state.running,
         )
         pools = OnlinePools(
-            engine,
-            keyer_for,
-            concurrency=settings.default_concurrency,
-            request_timeout=settings.upstream_timeout,
+            maker,
             score=settings.sc_score,
             cap=settings.sc_cap,
             running=app.state.running,

@@ -1,7 +1,7 @@
-"""What a request runs: the service's job defaults plus the request's own options.
+"""What a request runs: the service's engine and job defaults plus the request's own options.
 
-``/solve``, grouped ``/v1`` jobs and the online pools all build their job
-or pool spec here, and their answer keyer.
+``/solve``, grouped ``/v1`` jobs and the online pools all make their job or
+pool here, with :class:`JobMaker`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from blendserve import answers
 from blendserve.answers import AnswerKeys
 from blendserve.core.policies import PolicySpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
-from blendserve.engines.base import SamplingParams
-from blendserve.scheduler import JobSpec, Keyer, Question
-from blendserve.scheduler.pool import PoolSpec
+from blendserve.engines.base import Engine, SamplingParams
+from blendserve.engines.rendering import for_answers
+from blendserve.scheduler import Job, JobSpec, Keyer, Question
+from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.service.settings import Settings
 
-__all__ = ["JobDefaults", "JobOptions", "job_spec", "make_keyer", "pool_spec"]
+__all__ = ["JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
 
 
 def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
@@ -83,43 +84,65 @@ class JobOptions:
         return make_keyer(self.answer_kind, self.answer_pattern, keys)
 
 
-def job_spec(
-    defaults: JobDefaults, options: JobOptions, questions: Sequence[Question], budget: int
-) -> JobSpec:
-    """The spec of a budgeted job of ``questions``."""
-    return JobSpec(
-        questions=questions,
-        budget=budget,
-        policy=PolicySpec.parse(options.policy),
-        sampling=options.sampling,
-        model=options.model,
-        settle_delta=options.settle_delta,
-        concurrency=options.concurrency or defaults.concurrency,
-        in_flight_per_question=options.in_flight_per_question or defaults.in_flight_per_question,
-        request_timeout=defaults.request_timeout,
-        failure_timeout=defaults.failure_timeout,
-    )
+@dataclass(frozen=True)
+class JobMaker:
+    """Makes a request's job or pool: the service's engine, answer keys and defaults.
 
+    Each job or pool gets the engine as its answer format needs it (see
+    :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own.
 
-def pool_spec(
-    defaults: JobDefaults,
-    options: JobOptions,
-    *,
-    budget_per_question: float | None,
-    target: float | None = None,
-    score: Score = "asc",
-    cap: float = DEFAULT_CAP,
-    max_cap: int = 64,
-) -> PoolSpec:
-    """The spec of a pool paced to ``budget_per_question``, or of a fixed ``target``."""
-    return PoolSpec(
-        budget_per_question=budget_per_question,
-        target=target,
-        sampling=options.sampling,
-        model=options.model,
-        score=score,
-        cap=cap,
-        max_cap=max_cap,
-        concurrency=options.concurrency or defaults.concurrency,
-        request_timeout=defaults.request_timeout,
-    )
+    Attributes:
+        engine: where samples come from.
+        defaults: the service's side of every job.
+        keys: whose workers and cache key the answers (None: the module's default).
+    """
+
+    engine: Engine
+    defaults: JobDefaults = field(default_factory=JobDefaults)
+    keys: AnswerKeys | None = None
+
+    def _parts(self, options: JobOptions) -> tuple[Engine, Keyer]:
+        return for_answers(self.engine, options.answer_kind), options.keyer(self.keys)
+
+    def job(self, options: JobOptions, questions: Sequence[Question], budget: int) -> Job:
+        """A budgeted job of ``questions``."""
+        defaults = self.defaults
+        spec = JobSpec(
+            questions=questions,
+            budget=budget,
+            policy=PolicySpec.parse(options.policy),
+            sampling=options.sampling,
+            model=options.model,
+            settle_delta=options.settle_delta,
+            concurrency=options.concurrency or defaults.concurrency,
+            in_flight_per_question=options.in_flight_per_question
+            or defaults.in_flight_per_question,
+            request_timeout=defaults.request_timeout,
+            failure_timeout=defaults.failure_timeout,
+        )
+        return Job(spec, *self._parts(options))
+
+    def pool(
+        self,
+        options: JobOptions,
+        name: str,
+        *,
+        budget_per_question: float | None,
+        target: float | None = None,
+        score: Score = "asc",
+        cap: float = DEFAULT_CAP,
+        max_cap: int = 64,
+    ) -> Pool:
+        """A pool paced to ``budget_per_question``, or of a fixed ``target``; ``name`` labels it."""
+        spec = PoolSpec(
+            budget_per_question=budget_per_question,
+            target=target,
+            sampling=options.sampling,
+            model=options.model,
+            score=score,
+            cap=cap,
+            max_cap=max_cap,
+            concurrency=options.concurrency or self.defaults.concurrency,
+            request_timeout=self.defaults.request_timeout,
+        )
+        return Pool(spec, *self._parts(options), name)

@@ -3,14 +3,14 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from blendserve.engines.base import SamplingParams
-from blendserve.scheduler import Keyer, Question
-from blendserve.service.jobs import JobOptions
+from blendserve.scheduler import Question
+from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions
 from blendserve.service.openai.grouping import Grouper
 
-from tests.support.fake_engine import FakeEngine, last_word
+from tests.support.fake_engine import FakeEngine
 
 T = TypeVar("T")
-SETTINGS = JobOptions("blend", "exact", None, 0.0, SamplingParams(), None)
+SETTINGS = JobOptions("blend", "number", None, 0.0, SamplingParams(), None)
 # The grouper makes ids unique within a job: "<position in the group>:<id>".
 DISTRIBUTIONS = {
     "0:a": [("1", 1.0)],
@@ -25,12 +25,9 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
-def _keyer(kind: str, pattern: str | None) -> Keyer:
-    return last_word
-
-
 def _grouper(engine: FakeEngine, wait: float = 10.0, max_questions: int = 3) -> Grouper:
-    return Grouper(engine, _keyer, wait=wait, max_questions=max_questions, concurrency=4)
+    maker = JobMaker(engine, JobDefaults(concurrency=4))
+    return Grouper(maker, wait=wait, max_questions=max_questions)
 
 
 def test_requests_share_one_job_whose_budget_is_the_sum() -> None:
@@ -53,7 +50,7 @@ def test_requests_share_one_job_whose_budget_is_the_sum() -> None:
 def test_different_settings_never_share_a_job() -> None:
     async def scenario() -> int:
         grouper = _grouper(FakeEngine(DISTRIBUTIONS), wait=0.01)
-        other = JobOptions("asc", "exact", None, 0.0, SamplingParams(), None)
+        other = JobOptions("asc", "number", None, 0.0, SamplingParams(), None)
         tickets = [grouper.submit(s, [Question("c", prompt="c?")], 2) for s in (SETTINGS, other)]
         for ticket in tickets:
             assert [a.answer for a in await ticket.answers()] == ["4"]
@@ -66,7 +63,7 @@ def test_a_request_answered_before_its_group_ends() -> None:
     async def scenario() -> tuple[int, int]:
         engine = FakeEngine(DISTRIBUTIONS, seed=2, latency=0.001)
         grouper = _grouper(engine, max_questions=2)
-        settling = JobOptions("blend", "exact", None, 0.05, SamplingParams(), None)
+        settling = JobOptions("blend", "number", None, 0.05, SamplingParams(), None)
         sure = grouper.submit(settling, [Question("a", prompt="a?")], 100)
         slow = grouper.submit(settling, [Question("b", prompt="b?")], 100)
         (answer,) = await sure.answers()

@@ -1,35 +1,52 @@
 """The service's shared seams: job specs from defaults plus options, keyers, admission."""
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from blendserve import answers
 from blendserve.engines.base import SamplingParams
+from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import Question
 from blendserve.service.admission import admitted
 from blendserve.service.disconnect import ClientGone
-from blendserve.service.jobs import JobDefaults, JobOptions, job_spec, make_keyer, pool_spec
+from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions, make_keyer
 from blendserve.service.limits import Admission, JobLimits
 
+DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
 DEFAULTS = JobDefaults(concurrency=8, in_flight_per_question=0.25, request_timeout=3.0)
+MAKER = JobMaker(ReplayEngine(DATA), DEFAULTS)
 
 
-def test_a_job_spec_takes_the_request_options_over_the_defaults() -> None:
+def test_a_job_takes_the_request_options_over_the_defaults() -> None:
     options = JobOptions(policy="asc", answer_kind="number", concurrency=2, settle_delta=0.1)
-    spec = job_spec(DEFAULTS, options, [Question("a", prompt="?")], 5)
+    spec = MAKER.job(options, [Question("a", prompt="?")], 5).spec
     assert (spec.policy.name, spec.settle_delta) == ("asc", 0.1)
     assert (spec.concurrency, spec.in_flight_per_question) == (2, 0.25)
     assert (spec.request_timeout, spec.failure_timeout, spec.budget) == (3.0, 5.0, 5)
 
 
-def test_a_pool_spec_shares_the_defaults_and_options() -> None:
+def test_a_pool_shares_the_defaults_and_options() -> None:
     sampling = SamplingParams(temperature=0.5)
     options = JobOptions(answer_kind="math", sampling=sampling, model="m")
-    spec = pool_spec(DEFAULTS, options, budget_per_question=None, target=0.1, max_cap=32)
+    pool = MAKER.pool(options, "p", budget_per_question=None, target=0.1, max_cap=32)
+    spec = pool.spec
     assert (spec.target, spec.max_cap, spec.concurrency, spec.model) == (0.1, 32, 8, "m")
     assert spec.sampling is sampling and spec.request_timeout == 3.0
+
+
+def test_jobs_and_pools_see_the_engine_in_their_answer_format() -> None:
+    exact = MAKER.job(JobOptions(answer_kind="exact"), [Question("q-easy", prompt="?")], 3)
+    pool = MAKER.pool(JobOptions(answer_kind="math"), "p", budget_per_question=3)
+
+    async def first_texts() -> list[str]:
+        request = Question("q-easy", prompt="?").request(1, 0, exact.spec)
+        return [(await engine.generate(request))[0].text for engine in (exact.engine, pool.engine)]
+
+    bare, boxed = asyncio.run(first_texts())
+    assert bare in ("41", "42") and "\\boxed{" in boxed
 
 
 def test_options_that_differ_do_not_share_a_key() -> None:

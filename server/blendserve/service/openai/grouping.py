@@ -10,14 +10,12 @@ questions are final, not when the group ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from blendserve.engines.base import Engine
-from blendserve.engines.rendering import for_answers
 from blendserve.errors import EngineUnavailable, SchedulerError
-from blendserve.scheduler import AnswerEvent, DoneEvent, Job, Keyer, Question
-from blendserve.service.jobs import JobDefaults, JobOptions, job_spec
+from blendserve.scheduler import AnswerEvent, DoneEvent, Job, Question
+from blendserve.service.jobs import JobMaker, JobOptions
 from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["Grouper", "Ticket"]
@@ -58,37 +56,23 @@ class Grouper:
     """Gathers requests into jobs.
 
     Args:
-        engine: where samples come from.
-        keyer_for: answer kind and pattern -> keyer.
+        maker: makes each group's job.
         wait: seconds a group stays open for more requests.
         max_questions: a group with this many questions starts at once.
-        concurrency: samples in flight per job.
-        in_flight_per_question: samples in flight per open question of a job.
-        request_timeout: seconds per engine request, retries included.
-        failure_timeout: seconds of engine failures in a row that end a job.
         jobs: where the jobs are tracked for a shutdown (None: a set of its own).
     """
 
     def __init__(
         self,
-        engine: Engine,
-        keyer_for: Callable[[str, str | None], Keyer],
+        maker: JobMaker,
         *,
         wait: float,
         max_questions: int,
-        concurrency: int,
-        in_flight_per_question: float = 0.5,
-        request_timeout: float | None = None,
-        failure_timeout: float = 5.0,
         jobs: RunningJobs | None = None,
     ) -> None:
-        self.engine = engine
-        self._keyer_for = keyer_for
+        self.maker = maker
         self.wait = wait
         self.max_questions = max_questions
-        self.defaults = JobDefaults(
-            concurrency, in_flight_per_question, request_timeout, failure_timeout
-        )
         self.jobs = jobs if jobs is not None else RunningJobs()
         self._open: dict[str, _Group] = {}
         self._running: set[asyncio.Task[None]] = set()
@@ -132,10 +116,8 @@ class Grouper:
         group.index = {i: j for j, i in enumerate(live)}
         settings = group.settings
         budget = max(len(live), round(sum(group.budgets[i] for i in live)))
-        spec = job_spec(self.defaults, settings, [group.questions[i] for i in live], budget)
-        keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-        engine = for_answers(self.engine, settings.answer_kind)
-        group.job = self.jobs.add(Job(spec, engine, keyer))
+        job = self.maker.job(settings, [group.questions[i] for i in live], budget)
+        group.job = self.jobs.add(job)
         self.jobs_started += 1
         group.task = asyncio.get_running_loop().create_task(self._run(group, live))
         self._running.add(group.task)

@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from blendserve.core.stopping import DEFAULT_CAP, Score
-from blendserve.engines.base import Engine
-from blendserve.engines.rendering import for_answers
 from blendserve.errors import ServiceOverloaded
-from blendserve.scheduler import AnswerEvent, Keyer, Question
+from blendserve.scheduler import AnswerEvent, Question
 from blendserve.scheduler.pool import Pool
-from blendserve.service.jobs import JobDefaults, JobOptions, pool_spec
+from blendserve.service.jobs import JobMaker, JobOptions
 from blendserve.service.openai.grouping import Grouper, Ticket
 from blendserve.service.shutdown import RunningJobs
 
@@ -51,10 +49,7 @@ class OnlinePools:
     """The pools of one service, made on first use.
 
     Args:
-        engine: where samples come from.
-        keyer_for: answer kind and pattern -> keyer.
-        concurrency: samples in flight per pool.
-        request_timeout: seconds per engine request, retries included.
+        maker: makes each pool.
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, a multiple of the budget.
         max_pools: idle pools beyond this many are dropped (their pacing restarts).
@@ -64,19 +59,14 @@ class OnlinePools:
 
     def __init__(
         self,
-        engine: Engine,
-        keyer_for: Callable[[str, str | None], Keyer],
+        maker: JobMaker,
         *,
-        concurrency: int,
-        request_timeout: float | None = None,
         score: Score = "asc",
         cap: float = DEFAULT_CAP,
         max_pools: int = 64,
         running: RunningJobs | None = None,
     ) -> None:
-        self.engine = engine
-        self._keyer_for = keyer_for
-        self.defaults = JobDefaults(concurrency, request_timeout=request_timeout)
+        self.maker = maker
         self.score = score
         self.cap = cap
         self.max_pools = max_pools
@@ -93,19 +83,16 @@ class OnlinePools:
         pool = self.pools.get(key)
         if pool is None:
             self._evict()
-            spec = pool_spec(
-                self.defaults,
+            aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
+            pool = self.maker.pool(
                 settings,
+                f"{settings.model or 'default'}/{settings.answer_kind}/{aim}",
                 budget_per_question=None if target is not None else budget_per_question,
                 target=target,
                 score=self.score,
                 cap=self.cap,
             )
-            aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
-            name = f"{settings.model or 'default'}/{settings.answer_kind}/{aim}"
-            keyer = self._keyer_for(settings.answer_kind, settings.answer_pattern)
-            engine = for_answers(self.engine, settings.answer_kind)
-            pool = self.pools[key] = self.running.add_pool(Pool(spec, engine, keyer, name))
+            self.pools[key] = self.running.add_pool(pool)
         return pool
 
     def submit(

@@ -8,9 +8,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict
 
-from blendserve.answers import AnswerKeys
-from blendserve.engines.base import Engine
-from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import (
     AnswerEvent,
     DoneEvent,
@@ -20,10 +17,8 @@ from blendserve.scheduler import (
     ProgressEvent,
     Question,
 )
-from blendserve.scheduler.pool import Pool
-from blendserve.service.jobs import JobDefaults, JobOptions, job_spec, pool_spec
+from blendserve.service.jobs import JobMaker, JobOptions
 from blendserve.service.limits import Slot
-from blendserve.service.settings import Settings
 from blendserve.service.solve.pooled import PooledJob
 from blendserve.service.solve.schemas import (
     AnswerOut,
@@ -50,16 +45,13 @@ _STATUS = {
 _CHUNK = 1000
 
 
-async def build_job(
-    request: SolveRequest, engine: Engine, settings: Settings, keys: AnswerKeys | None = None
-) -> Runnable:
-    """The job for a validated request, with the service's job defaults.
+async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
+    """The job for a validated request, made with the service's engine and defaults.
 
     With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``.
     A large request is built a chunk of questions at a time, yielding to the
     event loop in between: ten requests of 10,000 questions arriving at once
     then take turns with ``/health`` instead of running back to back.
-    ``keys`` keys the answers (None: the module's default).
     """
     questions: list[Question] = []
     for start in range(0, len(request.questions), _CHUNK):
@@ -79,17 +71,13 @@ async def build_job(
         concurrency=request.concurrency,
         in_flight_per_question=request.in_flight_per_question,
     )
-    defaults = JobDefaults.from_settings(settings)
-    engine = for_answers(engine, options.answer_kind)
     if request.confidence is not None:
         target = 1.0 - request.confidence
-        spec = pool_spec(
-            defaults, options, budget_per_question=None, target=target, max_cap=request.cap
+        pool = maker.pool(
+            options, "solve", budget_per_question=None, target=target, max_cap=request.cap
         )
-        return PooledJob(Pool(spec, engine, options.keyer(keys), "solve"), questions)
-    return Job(
-        job_spec(defaults, options, questions, request.total_budget), engine, options.keyer(keys)
-    )
+        return PooledJob(pool, questions)
+    return maker.job(options, questions, request.total_budget)
 
 
 def answer_out(event: AnswerEvent) -> AnswerOut:

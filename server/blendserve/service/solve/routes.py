@@ -56,7 +56,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         budget=body.total_budget,
         budget_param=_budget_param(body),
     ) as held:
-        built = await build_job(body, state.engine, state.settings, state.answer_keys)
+        built = await build_job(body, state.job_maker)
         job = state.running.add(built)
         accept = request.headers.get("accept", "")
         if "application/x-ndjson" in accept:
