@@ -61,7 +61,6 @@ def create_app(
         app.state.engine = engine
         app.state.settings = settings
         keys = answer_keys if answer_keys is not None else answers.AnswerKeys()
-        app.state.answer_keys = keys
         app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,

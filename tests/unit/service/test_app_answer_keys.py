@@ -24,7 +24,7 @@ def _solve(client: TestClient) -> str:
 def test_an_app_owns_its_answer_keys_and_stops_their_workers() -> None:
     app = create_app(SETTINGS)
     with TestClient(app) as client:
-        keys = app.state.answer_keys
+        keys = app.state.job_maker.keys
         assert keys is not answers.default_keys()
         assert _solve(client) == "42" and keys.cache_info().misses >= 1
         assert keys.pool is not None
@@ -41,7 +41,7 @@ def test_keys_given_to_an_app_are_shared_and_left_running() -> None:
         misses = []
         for app in (first, second):
             with TestClient(app) as client:
-                assert app.state.answer_keys is keys and _solve(client) == "42"
+                assert app.state.job_maker.keys is keys and _solve(client) == "42"
             misses.append(keys.cache_info().misses)
         assert keys.pool is not None
         assert misses[0] >= 1 and misses[1] == misses[0]  # the second app found the first's key
