@@ -42,6 +42,7 @@ class Answer(_Model):
     completion: str | None
     usage: Usage
     partial: bool = False
+    stopped: str | None = None  # "truncated": its samples kept being cut at max_tokens
 
 
 class Budget(_Model):

@@ -67,6 +67,37 @@ def test_budget_per_question_and_early_settling(server: LiveServer) -> None:
     assert sure["settled_early"] and sure["samples"] < 20
 
 
+def test_a_question_whose_samples_keep_being_cut_stops_and_says_why() -> None:
+    # Every recorded completion of "cut" runs past max_tokens (finish reason length);
+    # the server's concurrency (4) caps a wave, so it stops within 4 samples.
+    cut_record = {"id": "cut", "prompt": "question cut", "answers": [None] * 10}
+    engine = ReplayEngine([RECORDS[2], cut_record], seed=5)
+    questions = [QUESTIONS[2], {"id": "cut", "prompt": "question cut"}]
+    with serve_engine(engine) as live:
+        budgeted = _solve(live.url, questions=questions, budget=100, settle_delta=0.05)
+        targeted = _solve(live.url, questions=questions, confidence=0.99)
+        chat = {
+            "model": "replay",
+            "messages": [{"role": "user", "content": "question cut"}],
+            "blendserve": {"answer": "number", "budget_per_question": 8},
+        }
+        reply = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=30)
+    for response in (budgeted, targeted):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        sure, cut = body["answers"]
+        assert cut["stopped"] == "truncated" and cut["answer"] is None
+        assert 3 <= cut["samples"] <= 4 and not cut["settled_early"] and not cut["partial"]
+        assert sure["stopped"] is None and sure["answer"] == "3" and sure["settled_early"]
+        assert body["budget"]["spent"] == sure["samples"] + cut["samples"]
+        assert body["budget"]["unspent"] > 0
+    assert reply.status_code == 200, reply.text
+    (choice,) = reply.json()["choices"]
+    vote = reply.json()["blendserve"]
+    assert choice["finish_reason"] == "length" and vote["answer"] is None
+    assert vote["stopped"] == "truncated" and 3 <= vote["samples"] <= 4
+
+
 def _sse(url: str, **body: Any) -> list[tuple[str, dict[str, Any]]]:
     events = []
     payload = {"questions": QUESTIONS, "answer": {"kind": "number"}, "stream": True, **body}

@@ -17,8 +17,7 @@ Only the first wave is larger, a share of the budget (:meth:`StoppingRule.for_bu
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
@@ -44,31 +43,18 @@ Score = Literal["asc", "ppr"]
 _MIN_LOG_TAU = math.log(1e-12)
 _MAX_LOG_TAU = math.log(4.0)
 
-# Budget per question -> ASC log tau whose mean spend is that budget, the mean
-# over the three recorded sets of the project's benchmark data (measured with
-# an older rule, cap 8x the budget and no first wave: the pacing corrects the rest).
-# Interpolated in log budget.
-_START_BUDGETS = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
-_START_LOG_TAU = (-1.39, -1.85, -2.08, -2.77, -3.47, -4.62, -5.9, -8.41, -10.81)
+_LOG2 = math.log(2.0)
 
 
 def start_log_tau(budget_per_question: float) -> float:
-    """A good first ``log tau`` for a mean budget, before any question is seen.
+    """A cautious first ``log tau`` for a mean budget, before any question is seen.
 
-    Derived from the recorded benchmark sets (the mean over sets of the
-    threshold that spends the budget); the pacing controller corrects it.
+    The ASC threshold at which a unanimous question stops after half the
+    budget: derived from the rule, not fitted on any data. The pacing
+    controller learns the pool's own threshold from there.
     """
-    x = math.log(max(1.0, budget_per_question))
-    xs = [math.log(b) for b in _START_BUDGETS]
-    i = bisect_left(xs, x)
-    if i == 0:
-        return _START_LOG_TAU[0]
-    if i == len(xs):
-        # Beyond the table: about -1.4 log tau per doubling, as its tail.
-        slope = (_START_LOG_TAU[-1] - _START_LOG_TAU[-2]) / (xs[-1] - xs[-2])
-        return max(_MIN_LOG_TAU, _START_LOG_TAU[-1] + slope * (x - xs[-1]))
-    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return (1 - w) * _START_LOG_TAU[i - 1] + w * _START_LOG_TAU[i]
+    unanimous = max(1.0, budget_per_question) / 2.0
+    return max(_MIN_LOG_TAU, -(unanimous + 1.0) * _LOG2)
 
 
 @dataclass(frozen=True)
@@ -122,9 +108,13 @@ class StoppingRule:
         lowered the samples needed for SC@32's error by about 10%).
         """
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
-        cap_samples = max(1, round(limit))
-        min_first = min(cap_samples, math.floor(first_share * budget_per_question))
-        return cls(score, cap_samples, min_growth, min_first)
+        rule = cls(score, max(1, round(limit)), min_growth)
+        return rule.with_first_share(first_share, budget_per_question)
+
+    def with_first_share(self, share: float, budget_per_question: float) -> StoppingRule:
+        """This rule with a first wave of at least ``share`` of the budget (within the cap)."""
+        first = min(self.max_num_samples, math.floor(share * budget_per_question))
+        return replace(self, min_first=max(0, first))
 
     def log_uncertainty(self, n1: int, n2: int, num_distinct: int) -> float:
         """Log of the rule's uncertainty of vote state ``(n1, n2, K)``; larger is less sure."""

@@ -11,13 +11,19 @@ from blendserve.engines.base import Sample
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
 from blendserve.scheduler.spec import Keyer
 
-__all__ = ["Ballots"]
+__all__ = ["TRUNCATED_LIMIT", "Ballots"]
+
+#: Samples cut at ``max_tokens``, none of the question's samples having voted,
+#: after which a question stops (``stopped="truncated"``): it would only keep
+#: being cut.
+TRUNCATED_LIMIT = 3
 
 
 @dataclass
 class Ballots:
     """Per answer key, the first answer, completion and finish reason seen; the last
-    abstention; the tokens spent. The votes themselves live in a :class:`VoteState`."""
+    abstention; the samples cut at ``max_tokens``; the tokens spent. The votes
+    themselves live in a :class:`VoteState`."""
 
     # canonical key -> (first extracted answer, its completion)
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -25,13 +31,32 @@ class Ballots:
     usage: Usage = field(default_factory=Usage)
     abstained: str | None = None  # the last completion with no answer
     abstained_finish_reason: str | None = None
+    truncated: int = 0  # samples cut at max_tokens
+    last_truncated: str | None = None  # the last of them
+    stopped: str | None = None  # why the question stopped early ("truncated")
+
+    @property
+    def is_cut(self) -> bool:
+        """Whether ``TRUNCATED_LIMIT`` samples were cut at ``max_tokens`` and none voted."""
+        return self.truncated >= TRUNCATED_LIMIT and not self.answers
+
+    def stop_if_cut(self) -> bool:
+        """Marks a cut question ``stopped="truncated"``; whether it was just stopped."""
+        if self.stopped is not None or not self.is_cut:
+            return False
+        self.stopped = "truncated"
+        return True
 
     async def add(self, sample: Sample, keyer: Keyer) -> str | None:
         """Keys one sample and keeps what an answer needs; its key (None: it abstains).
 
-        A sample cut at ``max_tokens`` is truncated: it never votes.
+        A sample cut at ``max_tokens`` is truncated: it never votes, and
+        ``TRUNCATED_LIMIT`` of them with no vote make the question cut (:attr:`is_cut`).
         """
         truncated = sample.finish_reason == "length"
+        if truncated:
+            self.truncated += 1
+            self.last_truncated = sample.text
         answer, key = (None, None) if truncated else await keyer(sample.text)
         if key is None:
             self.abstained = sample.text
@@ -58,6 +83,9 @@ class Ballots:
         winner_key = str(key) if key is not None else None
         counts = {str(k): v for k, v in votes.counts[q].items()}
         winner = self.answers.get(winner_key) if winner_key is not None else None
+        abstained, abstained_finish = self.abstained, self.abstained_finish_reason
+        if self.stopped == "truncated" and winner is None:
+            abstained, abstained_finish = self.last_truncated, "length"  # why it stopped
         return AnswerEvent(
             index=index,
             id=id,
@@ -78,7 +106,8 @@ class Ballots:
                 k: self.answers[k]
                 for k in sorted(counts, key=lambda k: (k != winner_key, -counts[k]))
             },
-            abstained=self.abstained,
+            abstained=abstained,
             finish_reasons={k: self.finish_reasons[k] for k in counts},
-            abstained_finish_reason=self.abstained_finish_reason,
+            abstained_finish_reason=abstained_finish,
+            stopped=self.stopped,
         )

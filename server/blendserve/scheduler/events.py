@@ -76,6 +76,9 @@ class AnswerEvent:
             in ``candidates``.
         abstained_finish_reason: the finish reason of ``abstained`` (``length``:
             cut at ``max_tokens``).
+        stopped: ``truncated`` when the question stopped because
+            ``TRUNCATED_LIMIT`` (3) of its samples were cut at ``max_tokens``
+            and none voted; None otherwise.
     """
 
     index: int
@@ -93,6 +96,7 @@ class AnswerEvent:
     abstained: str | None = None
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     abstained_finish_reason: str | None = None
+    stopped: str | None = None
 
 
 @dataclass(frozen=True)

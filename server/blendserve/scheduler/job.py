@@ -12,13 +12,18 @@ close to its sequential ones:
   one chosen k times in a row goes out as one request with ``n = k``;
 - at most ``in_flight_per_question`` samples per open question are in
   flight (0.5: about two rounds per sample per question), and never more
-  than ``concurrency``; a lone open question with no stopping rule has
-  nothing left to decide and takes ``concurrency``.
+  than ``concurrency``; a lone open question has nothing left to rank and
+  takes up to ``concurrency``, as many as it can take before it could stop
+  (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`).
 
 On recorded data this keeps jobs of 16 questions and more at 86-117% of the
 sequential policy's sample efficiency at concurrency 8 to 256, where filling
 every free slot at once fell to about uniform allocation
 (``bench/bench_e2e_efficiency.py``).
+
+A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
+of them and no vote) stops at once: its requests in flight are cancelled and
+refunded, and it is answered with no answer and ``stopped="truncated"``.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
@@ -131,6 +136,10 @@ class Job:
         The rest of the job goes on; ``q`` still gets an answer event from the
         samples it has.
         """
+        self._stop(q)
+
+    def _stop(self, q: int) -> None:
+        """No more samples for ``q``; its requests in flight are cancelled (and refunded)."""
         self.policy.stop(q)
         for task, (question, _) in self._in_flight.items():
             if question == q:
@@ -267,8 +276,8 @@ class Job:
     def _in_flight_limit(self) -> int:
         """Samples the job may have in flight now (see the class docstring)."""
         policy = self.policy
-        if policy.num_open == 1 and not policy.stops_early:
-            return self.spec.concurrency  # nothing left to decide
+        if policy.num_open == 1:  # nothing left to rank: only where it could stop
+            return max(1, min(self.spec.concurrency, policy.num_pending + policy.lone_runway()))
         informed = math.ceil(self.spec.in_flight_per_question * policy.num_open)
         return max(1, min(self.spec.concurrency, informed))
 
@@ -304,6 +313,8 @@ class Job:
             self.policy.observe(q, key)
         for _ in range(requested - min(requested, len(samples))):
             self.policy.cancel(q)  # an engine that returned too few: refund, never lose
+        if state.stop_if_cut():
+            self._stop(q)  # answered once its cancelled requests are refunded
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False

@@ -3,12 +3,17 @@
 A question joins at once (no grouping wait), is sampled in waves of
 :meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
 with ``n = k``, then smaller top-ups) and is answered as soon as its
-uncertainty is at most the pool's ``tau``, it reaches its cap, or its caller
-leaves (:meth:`Pool.cancel` ends them all at once with the answers they have:
-a shutdown past its grace). ``tau`` is paced so that the mean samples per
-question meet the pool's budget (or fixed, for a quality target). Waves of
-every open question share ``concurrency`` samples in flight: first waves go
-first, then the least sure questions.
+uncertainty is at most the pool's ``tau``, it reaches its cap, its samples
+keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` of them and no vote:
+``stopped="truncated"``, not counted in the pacing) or its caller leaves
+(:meth:`Pool.cancel` ends them all at once with the answers they have: a
+shutdown past its grace). ``tau`` is paced so that the mean samples per
+question meet the pool's budget (or fixed, for a quality target). A
+question's first wave is the share of the budget the pool's finished
+questions call for (:class:`~blendserve.core.flatness.Flatness`: about half
+on flat answers, only what a unanimous question needs on peaked ones).
+Waves of every open question share ``concurrency`` samples in flight: first
+waves go first, then the least sure questions.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, Sample, SamplingParams
@@ -63,11 +69,13 @@ class PoolSpec:
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
 
-    def rule(self) -> StoppingRule:
-        """The stopping rule of every question of the pool."""
+    def rule(self, first_share: float = 0.0) -> StoppingRule:
+        """The stopping rule of a question whose first wave is ``first_share`` of the budget."""
         if self.budget_per_question is None:
             return StoppingRule(self.score, self.max_cap)
-        return StoppingRule.for_budget(self.budget_per_question, score=self.score, cap=self.cap)
+        return StoppingRule.for_budget(
+            self.budget_per_question, score=self.score, cap=self.cap, first_share=first_share
+        )
 
     def threshold(self) -> PacedThreshold:
         """A fresh pacing controller (or fixed threshold) for the pool."""
@@ -88,6 +96,7 @@ class _Open:
     ballots: Ballots = field(default_factory=Ballots)
     rounds: int = 0
     paced: int = 0  # samples reported to the pacing controller
+    first_keys: list[str | None] = field(default_factory=list)  # its first PROBE keys
     cut: bool = False  # Pool.cancel ended it
     wave: asyncio.Task[list[Sample]] | None = None  # its requests in flight
 
@@ -118,7 +127,7 @@ class Pool:
         self.keyer = keyer
         self.name = name
         self.sink = sink if sink is not None else engine.sink
-        self.rule = spec.rule()
+        self.flatness = Flatness()
         self.threshold = spec.threshold()
         self._free = spec.concurrency
         self._waiting: list[tuple[float, int, int, asyncio.Future[None]]] = []
@@ -138,6 +147,11 @@ class Pool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    @property
+    def rule(self) -> StoppingRule:
+        """The stopping rule of the next question: its first wave is what the pool learned."""
+        return self.spec.rule(self.flatness.share if self.threshold.paced else 0.0)
 
     @property
     def tau(self) -> float:
@@ -164,6 +178,7 @@ class Pool:
 
     async def _run(self, question: Question) -> AnswerEvent:
         state = _Open(question)
+        rule = self.rule
         self._open.add(state)
         self.num_open += 1
         self.sink.queued(1)
@@ -174,11 +189,11 @@ class Pool:
                     return self._answer(state, partial=True, capped=False)
                 log_tau = self.threshold.log_tau
                 n = state.votes.num_samples[0]
-                wave = self.rule.wave_size(*state.votes.state(0), n, log_tau)
+                wave = rule.wave_size(*state.votes.state(0), n, log_tau)
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
-                samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave))
+                samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave, rule))
                 try:
                     # wait(), not await: cancel() cuts the wave, not this question's task.
                     await asyncio.wait((samples_task,))
@@ -206,10 +221,13 @@ class Pool:
                 await self._record(state, samples)
                 self.threshold.spend(n, state.votes.num_samples[0])
                 state.paced = state.votes.num_samples[0]
+                if state.ballots.stop_if_cut():  # not paced: its spend says nothing of tau
+                    return self._answer(state, partial=False, capped=False)
             # Stopped below tau, else at the cap (the same tau decided both).
-            confident = self.rule.is_done(*state.votes.state(0), 0, log_tau)
+            confident = rule.is_done(*state.votes.state(0), 0, log_tau)
             event = self._answer(state, partial=False, capped=not confident)
             self.threshold.observe(event.samples)
+            self.flatness.observe(tuple(state.first_keys))
             self.num_rounds += state.rounds
             threshold = self.threshold
             self.sink.pool_answered(
@@ -226,11 +244,11 @@ class Pool:
             self.num_open -= 1
             self.sink.queued(-1)
 
-    async def _wave(self, state: _Open, wave: int) -> list[Sample]:
+    async def _wave(self, state: _Open, wave: int, rule: StoppingRule) -> list[Sample]:
         """Requests ``wave`` samples once the pool has room for them."""
         # Every question's first wave goes first, then the least sure questions.
         first = state.votes.num_samples[0] == 0
-        priority = -math.inf if first else -self.rule.log_uncertainty(*state.votes.state(0))
+        priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self._acquire(wave, priority)
         self.sink.in_flight(wave)
         try:
@@ -284,6 +302,8 @@ class Pool:
             key = await state.ballots.add(sample, self.keyer)
             self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             state.votes.add(0, key)
+            if len(state.first_keys) < PROBE:
+                state.first_keys.append(key)
 
     def _answer(self, state: _Open, *, partial: bool, capped: bool) -> AnswerEvent:
         event = state.ballots.answer_event(
@@ -291,7 +311,7 @@ class Pool:
             0,
             index=0,
             id=state.question.id,
-            settled_early=not capped and not partial,
+            settled_early=not capped and not partial and state.ballots.stopped is None,
             partial=partial,
         )
         confidence = event.confidence

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from blendserve.core.policies import PolicySpec
+from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
 __all__ = ["JobSpec", "Keyer", "Question", "RequestSettings"]
@@ -54,7 +54,7 @@ class JobSpec:
     Attributes:
         questions: the batch.
         budget: total samples, at least one per question.
-        policy: allocation policy (Blend-ASC by default).
+        policy: allocation policy (``hedge`` by default).
         sampling: sampling parameters of every request.
         model: upstream model name.
         settle_delta: PPR-1v1 error at which a question stops (0: never).
@@ -74,7 +74,7 @@ class JobSpec:
 
     questions: Sequence[Question]
     budget: int
-    policy: PolicySpec = field(default_factory=lambda: PolicySpec("blend"))
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec(DEFAULT_POLICY))
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str | None = None
     settle_delta: float = 0.0

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from blendserve import answers
 from blendserve.answers import AnswerKeys
-from blendserve.core.policies import PolicySpec
+from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
@@ -66,7 +66,7 @@ class JobDefaults:
 class JobOptions:
     """What one request asks of its job; None: the service's default."""
 
-    policy: str = "blend"
+    policy: str = DEFAULT_POLICY
     answer_kind: str = "auto"
     answer_pattern: str | None = None
     settle_delta: float = 0.0

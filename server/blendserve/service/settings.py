@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.service.connections import ConnectionTimeouts
@@ -51,7 +52,7 @@ class Settings(BaseSettings):
     )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")
-    sc_policy: str = "blend"
+    sc_policy: str = DEFAULT_POLICY
     sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
     sc_settle_delta: float = Field(0.0, ge=0, lt=1)
     sc_greedy_temperature: float | None = Field(

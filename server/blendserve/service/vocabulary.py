@@ -40,10 +40,13 @@ __all__ = [
 ]
 
 #: Policies a caller may ask for (the oracle needs the true distributions).
-SERVING_POLICIES = ("blend", "asc", "ppr", "esc", "sc")
+SERVING_POLICIES = ("hedge", "blend", "asc", "ppr", "esc", "sc")
 #: The policy strings the OpenAPI schema documents (validation parses them, see check_policy).
-_POLICY_OPTION = r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?)"
-POLICY_PATTERN = rf"^(blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
+_POLICY_OPTION = (
+    r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?"
+    r"|probe=[0-9]+|floor=([01](\.[0-9]+)?|none)|stop=0(\.[0-9]+)?)"
+)
+POLICY_PATTERN = rf"^(hedge|blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
 
 #: Chat messages as OpenAI takes them; validated by check_messages.
 ChatMessages = Annotated[

@@ -13,15 +13,16 @@ from blendserve.sim.data import DataError, Dataset, load_jsonl
 from blendserve.sim.efficiency import (
     Curve,
     TargetResult,
-    blend_curve,
+    is_budget_aware,
     sample_efficiency,
     sc_scaling_exponent,
+    searched_curve,
 )
 from blendserve.sim.synthetic import FAMILIES, synthetic
 
 __all__ = ["add_parser", "run", "split_methods"]
 
-DEFAULT_METHODS = "sc,esc,asc,ppr,blend,oracle"
+DEFAULT_METHODS = "sc,esc,asc,ppr,blend,default,online,oracle"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--questions", type=int, default=1000, help="synthetic set size")
     parser.add_argument("--targets", default="32", help="comma-separated x of SC@x (default 32)")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated policies, "
-                        "each with options, e.g. asc:cap=16,online:cap=4,first=0")  # fmt: skip
+                        "each with options, e.g. asc:cap=16,online:cap=4,first=0; default is "
+                        "what /solve runs by default, online what /v1 runs")  # fmt: skip
     parser.add_argument("--reps", type=int, default=10, help="seeded repetitions per point")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first repetition")
     parser.add_argument("--batch", type=int, default=1, help="questions selected per decision")
@@ -163,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
             top = max(targets)
             grid = [top * 2.0**-i for i in range(int(math.log2(top)) + 1)]
             for label in methods:
-                if label.split(":")[0] == "blend":
-                    curves[label] = blend_curve(
+                if label.split(":")[0] != "online" and is_budget_aware(label):
+                    curves[label] = searched_curve(
                         dataset, label, grid, reps=args.reps, seed=args.seed,
                         batch=args.batch, jobs=jobs,
                     )  # fmt: skip

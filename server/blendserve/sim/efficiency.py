@@ -7,9 +7,10 @@ improvement ratio ``x / samples``.
 
 SC, ESC, ASC, PPR-1v1 and the oracle choose independently of the budget, so
 one run per repetition gives their whole error curve. Blend-ASC's choices
-depend on ``t / T``, and the online method paces its threshold to a mean
-budget, so both are run at each budget their search needs (the online method
-is charged the mean samples it actually spent there).
+depend on ``t / T``, the default's floor on the budget, and the online method
+paces its threshold to a mean budget, so these are run at each budget their
+search needs, each charged the mean samples it actually spent there (the
+default and the online method may stop questions before their budget).
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from blendserve.core.policies import PolicySpec
+from blendserve.core.policies import DEFAULT_POLICY, POLICIES, PolicySpec
 from blendserve.sim.data import Dataset
 from blendserve.sim.online import OnlineSpec, run_online
 from blendserve.sim.runner import run_policy, run_sc
 
-__all__ = ["Curve", "MethodResult", "TargetResult", "sample_efficiency", "sc_scaling_exponent"]
+__all__ = [
+    "Curve",
+    "MethodResult",
+    "TargetResult",
+    "is_budget_aware",
+    "parse_policy",
+    "sample_efficiency",
+    "sc_scaling_exponent",
+]
 
 # Blend-ASC's budget search stops when its bracket is this tight (relative).
 _SEARCH_TOLERANCE = 0.02
@@ -39,6 +48,12 @@ _Map = Callable[
     [Callable[[tuple[str, int, int, int]], NDArray[np.int32]], list[tuple[str, int, int, int]]],
     Iterator[NDArray[np.int32]],
 ]
+
+
+def parse_policy(label: str) -> PolicySpec:
+    """A method's policy; ``default`` (options too: ``default:floor=0``) is what /solve runs."""
+    name, sep, rest = label.partition(":")
+    return PolicySpec.parse(f"{DEFAULT_POLICY}{sep}{rest}" if name == "default" else label)
 
 
 def _init_worker(dataset: Dataset) -> None:
@@ -51,7 +66,7 @@ def _run_in_worker(args: tuple[str, int, int, int]) -> NDArray[np.int32]:
     assert _dataset is not None
     if label == "sc":
         return run_sc(_dataset, budget // _dataset.num_questions, seed)
-    return run_policy(_dataset, PolicySpec.parse(label), budget, seed, batch)
+    return run_policy(_dataset, parse_policy(label), budget, seed, batch)
 
 
 def _online_in_worker(args: tuple[str, int, int, int]) -> tuple[int, int]:
@@ -112,7 +127,7 @@ class _Runner:
         self.batch = batch
         self._map = map_fn
         self._final_errors: dict[tuple[str, int], float] = {}
-        # (label, budget) -> mean samples per question actually spent (online method)
+        # (label, budget) -> mean samples per question actually spent
         self.spent: dict[tuple[str, int], float] = {}
 
     def runs(self, label: str, budget: int) -> list[NDArray[np.int32]]:
@@ -142,8 +157,9 @@ class _Runner:
             self.spent[key] = sum(spent for _, spent in results) / n
         if key not in self._final_errors:
             runs = self.runs(label, budget)
-            wrong = sum(int(r[-1]) for r in runs) / len(runs)
-            self._final_errors[key] = wrong / self.dataset.num_questions
+            n = self.dataset.num_questions * len(runs)
+            self._final_errors[key] = sum(int(r[-1]) for r in runs) / n
+            self.spent[key] = sum(len(r) for r in runs) / n
         return self._final_errors[key]
 
 
@@ -225,7 +241,7 @@ def sample_efficiency(
     online = {label for label in methods if _is_online(label)}
     for label in online:
         OnlineSpec.parse(label)  # reject a bad spec before any run
-    specs = {label: PolicySpec.parse(label) for label in methods if label not in online}
+    specs = {label: parse_policy(label) for label in methods if label not in online}
     n = dataset.num_questions
     top = max(targets)
     results = []
@@ -234,7 +250,7 @@ def sample_efficiency(
         fixed = {
             label: sc if label == "sc" else runner.curve(label, top * n)
             for label, spec in specs.items()
-            if spec.name != "blend"
+            if not is_budget_aware(label)
         }
         if curves is not None:
             curves.update(fixed)
@@ -244,18 +260,14 @@ def sample_efficiency(
             row = TargetResult(x, bar)
             guesses = [s for c in fixed.values() if (s := _first_crossing(c, bar, x)) is not None]
             for label in methods:
-                name = "online" if label in online else specs[label].name
-                if name in ("online", "blend"):
+                if label not in fixed:
+                    # Run at each budget searched, charged what it spent there (a
+                    # paced or stopping method may spend less than its budget).
                     error_at = functools.partial(runner.final_error, label)
                     guess = min(guesses, default=x / 2)
                     found = _search_budget(error_at, bar, n, x * n, guess)
-                    if found is None:
-                        samples = None
-                    elif name == "online":  # paced: charged what it spent
-                        samples = runner.spent[(label, found)]
-                    else:
-                        samples = found / n
-                elif name == "sc" and not specs[label].options:
+                    samples = None if found is None else runner.spent[(label, found)]
+                elif label == "sc":
                     samples = float(x)  # the bar itself
                 else:
                     samples = _first_crossing(fixed[label], bar, x)
@@ -266,7 +278,7 @@ def sample_efficiency(
     return results
 
 
-def blend_curve(
+def searched_curve(
     dataset: Dataset,
     label: str,
     grid: Sequence[float],
@@ -276,12 +288,19 @@ def blend_curve(
     batch: int,
     jobs: int,
 ) -> Curve:
-    """Blend-ASC's error at each mean-samples value of ``grid`` (one run per point and rep)."""
+    """A budget-aware policy's error at each budget of ``grid`` (mean samples per question),
+    against what it spent there (one run per point and rep)."""
     n = dataset.num_questions
     budgets = sorted({max(n, round(x * n)) for x in grid})
     with _runner(dataset, reps, seed, batch, jobs) as runner:
         errors = [runner.final_error(label, b) for b in budgets]
-    return Curve(np.asarray(budgets) / n, np.asarray(errors))
+        spent = [runner.spent[(label, b)] for b in budgets]
+    return Curve(np.asarray(spent), np.asarray(errors))
+
+
+def is_budget_aware(label: str) -> bool:
+    """Whether a method's choices depend on its budget (it is run per budget)."""
+    return POLICIES[parse_policy(label).name].budget_aware
 
 
 def sc_scaling_exponent(curve: Curve) -> float:

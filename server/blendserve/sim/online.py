@@ -3,7 +3,10 @@
 Questions arrive one at a time in a seeded random order (a client at
 concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
 until it stops, and the pacing controller learns ``tau`` from each finished
-question. The method's spec reads
+question. Unless ``first`` fixes it, a question's first wave is the share of
+the budget that the stream's finished questions call for
+(:class:`~blendserve.core.flatness.Flatness`), as a ``/v1`` pool learns it.
+The method's spec reads
 ``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5]``.
 """
 
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.sim.data import Dataset
@@ -34,7 +38,8 @@ class OnlineSpec:
         target: a fixed ``tau`` (a quality target) instead of pacing to the budget.
         growth: waves are at least this share of the samples a question has.
         extra: a question's cap is at most this many samples beyond the budget.
-        first: a question's first wave is at least this share of the budget.
+        first: a question's first wave is at least this share of the budget
+            (None: learned from the flatness of the finished questions).
     """
 
     score: Score = "asc"
@@ -42,7 +47,7 @@ class OnlineSpec:
     target: float | None = None
     growth: float = 0.0
     extra: float = 48.0
-    first: float = 0.5
+    first: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> OnlineSpec:
@@ -70,7 +75,7 @@ class OnlineSpec:
                     "(known: score=asc|ppr, cap=, target=, growth=, extra=, first=)"
                 ) from None
         spec = cls(**options)
-        if not (spec.growth >= 0 and spec.extra >= 0 and spec.first >= 0):
+        if not (spec.growth >= 0 and spec.extra >= 0 and (spec.first or 0.0) >= 0):
             raise ValueError(f"growth, extra and first must be at least 0 in {text!r}")
         if not spec.cap >= 1.0:
             raise ValueError(f"cap must be at least 1 (a multiple of the budget), got {spec.cap}")
@@ -122,8 +127,8 @@ def run_online(
         cap=spec.cap,
         max_extra=spec.extra,
         min_growth=spec.growth,
-        first_share=spec.first,
     )
+    flatness = Flatness()
     draws = AnswerDraws(dataset, seed)
     order = np.random.default_rng((seed, 1)).permutation(dataset.num_questions)
     votes = VoteState(dataset.num_questions)
@@ -133,14 +138,19 @@ def run_online(
     num_wrong = 0
     for i, q in enumerate(order.tolist()):
         log_taus[i] = pace.log_tau
-        while m := rule.wave_size(*votes.state(q), votes.num_samples[q], pace.log_tau):
+        share = flatness.share if spec.first is None else spec.first
+        question_rule = rule.with_first_share(share, budget_per_question)
+        keys: list[int] = []
+        while m := question_rule.wave_size(*votes.state(q), votes.num_samples[q], pace.log_tau):
             rounds[i] += 1
             before = votes.num_samples[q]
             for _ in range(m):
-                votes.add(q, draws.next(q))
+                keys.append(draws.next(q))
+                votes.add(q, keys[-1])
             pace.spend(before, before + m)
         samples[i] = votes.num_samples[q]
         pace.close(votes.num_samples[q])
         pace.observe(votes.num_samples[q])
+        flatness.observe(tuple(keys[:PROBE]))
         num_wrong += votes.answer(q) != 0
     return OnlineRun(num_wrong, samples, rounds, log_taus)

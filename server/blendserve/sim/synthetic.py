@@ -1,4 +1,11 @@
-"""Synthetic question sets: the paper's D1 and D2, and an LLM-like mixture."""
+"""Synthetic question sets: the paper's D1 and D2, an LLM-like mixture, and flat families.
+
+The flat families are where adaptive policies can lose to plain
+self-consistency (answers spread over many near-tied candidates, as a small
+model's on hard questions): ``flat`` (Dirichlet over 3-8 answers), ``many``
+(a sparse Dirichlet over 10-20 answers), ``ties`` (the top two within a few
+points) and ``mixed`` (half LLM-like, half flat).
+"""
 
 from __future__ import annotations
 
@@ -47,13 +54,40 @@ def _llm_like(rng: np.random.Generator) -> NDArray[np.float64]:
     return _with_tail(p1, rng.uniform(0.5, 0.95) * min(p1, 1.0 - p1))
 
 
+def _dirichlet(rng: np.random.Generator, low: int, high: int, alpha: float) -> NDArray[np.float64]:
+    """A Dirichlet(``alpha``) distribution over ``low``..``high`` answers."""
+    return rng.dirichlet(np.full(int(rng.integers(low, high + 1)), alpha))
+
+
+def _near_tie(rng: np.random.Generator) -> NDArray[np.float64]:
+    """Two leading answers within 2-10 points of each other, the rest in a tail."""
+    p1 = rng.uniform(0.25, 0.55)
+    return _with_tail(p1, p1 - rng.uniform(0.02, 0.1) * p1 / 0.55)
+
+
+def _mixed(rng: np.random.Generator) -> NDArray[np.float64]:
+    """Half LLM-like questions, half flat ones."""
+    return _llm_like(rng) if rng.random() < 0.5 else _dirichlet(rng, 3, 8, 1.0)
+
+
+# Family -> a draw of one question's distribution (d1 and d2 are drawn by weight).
+_DRAWS = {
+    "llm": _llm_like,
+    "flat": lambda rng: _dirichlet(rng, 3, 8, 1.0),
+    "many": lambda rng: _dirichlet(rng, 10, 20, 0.5),
+    "ties": _near_tie,
+    "mixed": _mixed,
+}
+
+
 def synthetic(family: str, num_questions: int = 1000, seed: int = 0) -> Dataset:
     """Draws ``num_questions`` answer distributions of one family.
 
     Families: ``d1`` (top-two probabilities uniform on the simplex corner,
     paper section 3), ``d2`` (D1 weighted by ``(p1 + p2)^2``), ``llm`` (an
     LLM-like mixture: 75% easy, 17% moderate, 8% contested, with margins
-    spread like those of GPT-3.5 chain-of-thought on last-letter concatenation).
+    spread like those of GPT-3.5 chain-of-thought on last-letter concatenation),
+    and the flat families of the module docstring.
 
     Raises:
         ValueError: unknown family or a non-positive size.
@@ -65,12 +99,12 @@ def synthetic(family: str, num_questions: int = 1000, seed: int = 0) -> Dataset:
     rng = np.random.default_rng(seed)
     probs: list[NDArray[np.float64]] = []
     for _ in range(num_questions):
-        if family == "llm":
-            probs.append(_llm_like(rng))
+        if family in _DRAWS:
+            probs.append(_DRAWS[family](rng))
         else:
             probs.append(_with_tail(*_top_two(rng, FAMILIES[family])))
     return Dataset.from_probs(family, probs)
 
 
-#: Family name -> weight exponent n of (p1 + p2)^n (unused by "llm").
-FAMILIES: dict[str, float] = {"d1": 0.0, "d2": 2.0, "llm": 0.0}
+#: Family name -> weight exponent n of (p1 + p2)^n (used by d1 and d2 only).
+FAMILIES: dict[str, float] = {"d1": 0.0, "d2": 2.0, **dict.fromkeys(_DRAWS, 0.0)}

@@ -4,9 +4,12 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from blendserve.core import PolicySpec
+from blendserve.core import DEFAULT_POLICY, PolicySpec
+from blendserve.core.votes import VoteState
+from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
+from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
 
 from tests.support.fake_engine import FakeEngine, last_word
 from tests.support.stats import RecordingStats
@@ -58,7 +61,7 @@ def test_concurrency_one_makes_the_simulators_choices() -> None:
     ids = list(DISTRIBUTIONS)
     # The same policy, fed the same answers in the same order, chooses the same
     # (built as the job builds it, so that ties are broken alike).
-    policy = PolicySpec("blend").build(len(ids), 40, seed=7, max_in_flight=40)
+    policy = PolicySpec(DEFAULT_POLICY).build(len(ids), 40, seed=7, max_in_flight=40)
     for question_id, answer in engine.served:
         assert policy.select(1) == [ids.index(question_id)]
         policy.observe(ids.index(question_id), answer)
@@ -117,7 +120,8 @@ def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:
 
 def test_abstaining_samples_are_spent_but_do_not_vote() -> None:
     engine = FakeEngine({"q": [("none", 0.5), ("7", 0.5)]}, seed=3)
-    events = _run(_events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word)))
+    spec = JobSpec([Question("q", "p")], budget=20, policy=PolicySpec("blend"))
+    events = _run(_events(Job(spec, engine, last_word)))
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
     assert answer.samples == 20
     assert sum(answer.votes.values()) == Counter(a for _, a in engine.served)["7"] < 20
@@ -147,10 +151,11 @@ def test_job_needs_questions() -> None:
 
 
 def test_truncated_samples_do_not_vote() -> None:
-    engine = FakeEngine({"q": [("cut", 0.5), ("7", 0.5)]}, seed=4)
+    # Seed 7 draws cut, cut, 7: a vote before the third cut sample, so it goes on.
+    engine = FakeEngine({"q": [("cut", 0.5), ("7", 0.5)]}, seed=7)
     events = _run(_events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word)))
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
-    assert "cut" not in answer.votes and answer.samples == 20
+    assert "cut" not in answer.votes and answer.samples == 20 and answer.stopped is None
     assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
 
 
@@ -182,7 +187,8 @@ def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight
     assert isinstance(done, DoneEvent) and done.status is JobStatus.CANCELLED
     assert done.error == "shutting down"
     assert sorted(a.id for a in answers) == sorted(DISTRIBUTIONS)
-    assert all(a.partial for a in answers if a.id != "sure")
+    assert all(a.partial != a.settled_early for a in answers)
+    assert any(a.partial for a in answers)
     # Only what the engine served is spent: the cancelled requests were refunded.
     assert done.spent == sum(a.samples for a in answers) == len(engine.served) < 4000
     assert engine.in_flight == 0
@@ -213,3 +219,93 @@ def test_answers_given_at_once_are_built_one_at_a_time_as_they_are_read() -> Non
         return seen
 
     assert _run(run()) == list(range(1, count + 1))
+
+
+def test_a_question_whose_samples_keep_being_cut_stops_and_leaves_its_budget_unspent() -> None:
+    engine = FakeEngine({"cut": [("cut", 1.0)], "fine": [("7", 1.0)]})
+    questions = [Question("cut", "p"), Question("fine", "p")]
+    spec = JobSpec(questions, budget=200, settle_delta=0.05)
+    events = _run(_events(Job(spec, engine, last_word)))
+    cut, fine = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+    served = Counter(q for q, _ in engine.served)
+    assert TRUNCATED_LIMIT <= cut.samples == served["cut"] <= 4
+    assert cut.stopped == "truncated" and cut.answer is None and not cut.settled_early
+    assert cut.abstained == "so it is cut" and cut.abstained_finish_reason == "length"
+    assert fine.stopped is None and fine.answer == "7" and fine.settled_early
+    assert fine.samples == served["fine"] > cut.samples
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.status is JobStatus.COMPLETED
+    assert done.spent == done.usage.samples == cut.samples + fine.samples < done.budget
+
+
+class _FirstCutRequestStalls(FakeEngine):
+    """Every sample of ``cut`` is cut at max_tokens, and its first request never returns."""
+
+    def __init__(self) -> None:
+        super().__init__({"cut": [("cut", 1.0)], "split": [("a", 0.5), ("b", 0.5)]}, seed=5)
+        self.cut_requests = 0
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        if request.question_id == "cut":
+            self.cut_requests += 1
+        self.stall = request.question_id == "cut" and self.cut_requests == 1
+        return await super().generate(request)
+
+
+def test_a_cut_question_cancels_its_requests_in_flight_and_answers_at_once() -> None:
+    engine = _FirstCutRequestStalls()
+    questions = [Question("cut", "p"), Question("split", "p")]
+    spec = JobSpec(
+        questions, budget=400, concurrency=8, in_flight_per_question=4, max_samples_per_request=1
+    )
+
+    async def scenario() -> tuple[list[Any], int]:
+        job = Job(spec, engine, last_word)
+        events: list[Any] = []
+        served_when_cut_answered = -1
+        async for event in job.events():
+            events.append(event)
+            if isinstance(event, AnswerEvent) and event.id == "cut":
+                served_when_cut_answered = len(engine.served)
+        return events, served_when_cut_answered
+
+    events, served_when_cut_answered = _run(scenario())
+    cut, split = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+    served = Counter(q for q, _ in engine.served)
+    # Its stalled first request was cancelled (the job would hang otherwise) and refunded.
+    assert engine.cancelled >= 1 and engine.in_flight == 0
+    assert cut.stopped == "truncated" and cut.samples == served["cut"] >= TRUNCATED_LIMIT
+    assert served_when_cut_answered < len(engine.served)  # answered before the job ended
+    assert split.stopped is None and split.samples == served["split"]
+    done = events[-1]
+    assert done.spent == len(engine.served) == cut.samples + split.samples == 400
+
+
+def _ballots(*samples: Sample) -> Ballots:
+    async def add() -> Ballots:
+        ballots = Ballots()
+        for sample in samples:
+            await ballots.add(sample, last_word)
+        return ballots
+
+    return asyncio.run(add())
+
+
+CUT = Sample("so it is", "length", 5, 4, "fake")
+
+
+def test_a_question_is_cut_by_truncated_samples_only_while_none_voted() -> None:
+    voted = _ballots(CUT, Sample("so it is 7", "stop", 5, 4, "fake"), CUT, CUT)
+    assert voted.truncated == 3 and not voted.is_cut and not voted.stop_if_cut()
+    abstained = Sample("so it is none", "stop", 5, 4, "fake")
+    assert not _ballots(CUT, CUT, abstained).is_cut
+    cut = _ballots(CUT, CUT, CUT, abstained)
+    assert cut.is_cut and cut.stop_if_cut() and cut.stopped == "truncated"
+    assert not cut.stop_if_cut()  # stopped once
+    votes = VoteState(1)
+    for _ in range(4):
+        votes.add(0, None)
+    event = cut.answer_event(votes, 0, index=0, id="q", settled_early=False, partial=False)
+    # The reply shows why it stopped: a cut completion, not the last abstention.
+    assert event.answer is None and event.stopped == "truncated" and event.samples == 4
+    assert event.abstained == "so it is" and event.abstained_finish_reason == "length"

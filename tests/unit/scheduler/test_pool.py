@@ -3,6 +3,7 @@
 import asyncio
 import math
 import random
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -12,9 +13,11 @@ from blendserve.engines.base import SamplingParams
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, Question
+from blendserve.scheduler.ballots import TRUNCATED_LIMIT
 from blendserve.scheduler.pool import Pool, PoolSpec
 
 from tests.support.fake_engine import FakeEngine, SeedRecordingEngine
+from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 
@@ -164,3 +167,28 @@ def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
         seeds = engine.seeds[answer.id]
         assert len(seeds) == answer.samples > 1
         assert sorted(seeds) == list(range(7, 7 + len(seeds)))
+
+
+def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() -> None:
+    engine = FakeEngine({"q0": [("cut", 1.0)], "q1": [("7", 0.7), ("8", 0.3)]}, seed=3)
+    sink = RecordingStats()
+    pool = Pool(PoolSpec(budget_per_question=7), engine, _keyer, sink=sink)
+    first_wave = pool.rule.wave_size(0, 0, 0, 0, pool.threshold.log_tau)
+    assert TRUNCATED_LIMIT <= first_wave <= 4  # the first wave alone is enough to stop
+
+    async def ask() -> list[AnswerEvent]:
+        return list(await asyncio.gather(pool.submit(_question(0)), pool.submit(_question(1))))
+
+    cut, fine = _run(ask())
+    served = Counter(q for q, _ in engine.served)
+    assert cut.samples == served["q0"] == first_wave
+    assert cut.stopped == "truncated" and cut.answer is None
+    assert not cut.settled_early and not cut.partial
+    assert cut.abstained == "so it is cut" and cut.abstained_finish_reason == "length"
+    assert fine.stopped is None and fine.answer == "7" and fine.settled_early
+    assert fine.samples == served["q1"] > cut.samples
+    # Only the answered question paces tau; the cut one is reported as not settled.
+    assert pool.threshold.num_questions == 1 and pool.threshold.num_samples == fine.samples
+    answered = sorted((args[0], args[3]) for args in sink.of("answered"))
+    assert answered == sorted([(cut.samples, False), (fine.samples, True)])
+    assert pool.num_open == 0 and pool._free == pool.spec.concurrency

@@ -2,6 +2,7 @@
 
 from blendserve.core.policies.base import AllocationPolicy
 from blendserve.core.policies.blend import BlendPolicy
+from blendserve.core.policies.hedge import HedgePolicy
 from blendserve.core.policies.priority import (
     ASCPolicy,
     ESCPolicy,
@@ -10,14 +11,16 @@ from blendserve.core.policies.priority import (
     PriorityPolicy,
     SCPolicy,
 )
-from blendserve.core.policies.spec import POLICIES, PolicySpec
+from blendserve.core.policies.spec import DEFAULT_POLICY, POLICIES, PolicySpec
 
 __all__ = [
+    "DEFAULT_POLICY",
     "POLICIES",
     "ASCPolicy",
     "AllocationPolicy",
     "BlendPolicy",
     "ESCPolicy",
+    "HedgePolicy",
     "OraclePolicy",
     "PPRPolicy",
     "PolicySpec",

@@ -58,6 +58,8 @@ class AllocationPolicy(ABC):
     name: str = ""
     #: Whether the policy stops questions by a rule of its own (ESC's windows).
     _has_stopping_rule: bool = False
+    #: Whether its choices depend on the total budget (the simulator then runs it per budget).
+    budget_aware: bool = False
 
     def __init__(
         self,
@@ -120,7 +122,7 @@ class AllocationPolicy(ABC):
         return self._settles or self._has_stopping_rule
 
     def is_settled(self, q: int) -> bool:
-        """Whether question ``q`` was settled by ``settle_delta``."""
+        """Whether question ``q`` was settled: by ``settle_delta`` or the policy's own stop."""
         return self._settled[q]
 
     @property
@@ -136,6 +138,11 @@ class AllocationPolicy(ABC):
     def done(self) -> bool:
         """No sample is in flight and none can be dispatched any more."""
         return self._num_pending == 0 and (self.num_remaining == 0 or not self._has_selectable())
+
+    def lone_runway(self) -> int:
+        """With one question open: further samples it may take now, blind, without passing
+        a point where it could stop (the whole budget left when nothing stops it early)."""
+        return 1 if self.stops_early else self.num_remaining
 
     def rank_state(self, q: int) -> tuple[int, int, int]:
         """``(n1, n2, K)`` that ranks ``q``: its votes plus one per pending sample for its leader.
@@ -256,7 +263,8 @@ class AllocationPolicy(ABC):
             self._on_selectable(q, True)
 
     def _finish(self, q: int) -> None:
-        """Marks ``q`` as needing no more samples (policy-specific stop)."""
+        """Marks ``q`` as needing no more samples (policy-specific stop): it settled early."""
+        self._settled[q] = True
         self._set(q, _FINISHED)
 
     @abstractmethod

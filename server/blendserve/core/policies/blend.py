@@ -59,6 +59,7 @@ class BlendPolicy(AllocationPolicy):
     """
 
     name = "blend"
+    budget_aware = True
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ from typing import Any
 
 from blendserve.core.policies.base import AllocationPolicy
 from blendserve.core.policies.blend import BlendPolicy
+from blendserve.core.policies.hedge import HedgePolicy
 from blendserve.core.policies.priority import (
     ASCPolicy,
     ESCPolicy,
@@ -16,18 +17,26 @@ from blendserve.core.policies.priority import (
     SCPolicy,
 )
 
-__all__ = ["POLICIES", "PolicySpec"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "PolicySpec"]
 
 #: Policy name -> class.
 POLICIES: dict[str, type[AllocationPolicy]] = {
-    cls.name: cls for cls in (SCPolicy, ESCPolicy, ASCPolicy, PPRPolicy, BlendPolicy, OraclePolicy)
+    cls.name: cls
+    for cls in (SCPolicy, ESCPolicy, ASCPolicy, PPRPolicy, BlendPolicy, HedgePolicy, OraclePolicy)
 }
+#: What ``/solve`` and grouped ``/v1`` jobs run unless the caller names a policy.
+DEFAULT_POLICY = HedgePolicy.name
 # option -> parser; "none" turns the cap off.
 _OPTIONS: dict[str, Callable[[str], Any]] = {
     "cap": lambda text: None if text.lower() == "none" else float(text),
     "window": int,
     "settle_delta": float,
+    "probe": int,
+    "floor": lambda text: None if text.lower() == "none" else float(text),
+    "stop": float,
 }
+# option -> the one policy that takes it
+_ONLY = {"window": "esc", "probe": "hedge", "floor": "hedge", "stop": "hedge"}
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,10 @@ class PolicySpec:
             key, sep, value = item.partition("=")
             if not sep or key not in _OPTIONS:
                 raise ValueError(
-                    f"bad option {item!r} in policy {text!r} (known: cap=, window=, settle_delta=)"
+                    f"bad option {item!r} in policy {text!r} (known: {', '.join(_OPTIONS)})"
                 )
-            if key == "window" and name != "esc":
-                raise ValueError(f"option window applies to esc only, not {name!r}")
+            if key in _ONLY and name != _ONLY[key]:
+                raise ValueError(f"option {key} applies to {_ONLY[key]} only, not {name!r}")
             try:
                 options[key] = _OPTIONS[key](value)
             except ValueError as exc:

@@ -43,7 +43,7 @@ def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
     had fewer distinct answers; one, its last completion, when it had none).
     Each keeps its sample's finish reason: ``length`` says it was cut at
     ``max_tokens`` (a truncated sample never votes, so that is the case of a
-    question whose every sample was cut).
+    question whose every sample was cut, or of one stopped ``truncated``).
     """
     choices = []
     for i, event in enumerate(events):
@@ -66,7 +66,7 @@ def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choi
 
 def vote_out(event: AnswerEvent, temperature: float | None) -> VoteOut:
     """The ``blendserve`` field of one question whose samples were drawn at ``temperature``."""
-    return VoteOut(temperature=temperature, **vote_fields(event))
+    return VoteOut(temperature=temperature, stopped=event.stopped, **vote_fields(event))
 
 
 class Reply:

@@ -87,6 +87,7 @@ def answer_out(event: AnswerEvent) -> AnswerOut:
         id=event.id,
         completion=event.completion,
         usage=UsageOut(**asdict(event.usage)),
+        stopped=event.stopped,
         **vote_fields(event),
     )
 

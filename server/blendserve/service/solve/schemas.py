@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
@@ -100,8 +101,8 @@ class SolveRequest(RequestModel):
         None, gt=0, le=1_000_000, description="budget / questions"
     )
     policy: str = Field(
-        "blend",
-        description="blend, asc, ppr, esc or sc; options as asc:cap=16",
+        DEFAULT_POLICY,
+        description="hedge (default), blend (Blend-ASC), asc, ppr, esc or sc; options: asc:cap=16",
         json_schema_extra={"pattern": POLICY_PATTERN},
     )
     answer: AnswerFormat = Field(default_factory=AnswerFormat)
@@ -195,6 +196,11 @@ class AnswerOut(BaseModel):
     completion: str | None
     usage: UsageOut
     partial: bool = False
+    stopped: str | None = Field(
+        None,
+        description='why the question stopped early: "truncated" when 3 of its samples were '
+        "cut at max_tokens and none voted (answer null); null otherwise",
+    )
 
 
 class BudgetOut(BaseModel):

@@ -1,0 +1,96 @@
+"""How flat a batch's or a pool's answers are, and the uniform start that follows from it.
+
+On flat answer distributions (many near-tied answers) a question whose first
+samples agree by chance looks sure to ASC and PPR-1v1 and is starved, so
+adaptive policies can err more than plain self-consistency at the same
+spend. What protects them there is a uniform start: every question gets a
+share of the budget before the uncertainty decides. On peaked data that
+start only costs samples. The share of questions whose first two samples
+disagree tells the two apart (1 minus the mean chance that two samples
+agree): about 0.01 and 0.1 on the two peaked recorded sets, 0.7 on the flat
+one.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PROBE", "Flatness", "cap_multiple", "flatness_ramp", "floor_share"]
+
+#: Samples of a question whose agreement measures flatness.
+PROBE = 2
+
+# Disagreement at which a batch starts to count as flat, and at which it is fully flat.
+_FLAT_FROM = 0.2
+_FLAT_TO = 0.5
+# A fully flat batch's floor (a share of the budget).
+_MAX_SHARE = 0.5
+# cap = _CAP_SCALE / disagreement (multiples of the mean samples).
+_CAP_SCALE = 2.5
+
+
+def flatness_ramp(disagreement: float) -> float:
+    """0 up to a disagreement of 0.2 (peaked), rising linearly to 1 at 0.5 and above (flat)."""
+    ramp = (disagreement - _FLAT_FROM) / (_FLAT_TO - _FLAT_FROM)
+    return min(1.0, max(0.0, ramp))
+
+
+def floor_share(disagreement: float) -> float:
+    """Share of the mean budget every question gets uniformly: 0 when peaked, half when flat."""
+    return _MAX_SHARE * flatness_ramp(disagreement)
+
+
+def cap_multiple(disagreement: float) -> float | None:
+    """Most samples a question may hold, as a multiple of the mean: 2.5 / disagreement.
+
+    Only the questions that disagree need more than a few samples, so they
+    may take about 2.5 times their share of the budget each: with a few
+    contested questions in a peaked batch (a disagreement of 0.01) that is
+    no cap at all (None past 1,000), and they get what they need; on flat
+    data, where near-ties never resolve, samples past a few times the mean
+    buy little and go to the questions that only look sure instead.
+    """
+    if disagreement * 1000.0 <= _CAP_SCALE:
+        return None
+    return _CAP_SCALE / disagreement
+
+
+class Flatness:
+    """A running estimate of the disagreement of finished questions, from a cautious prior.
+
+    The prior counts as ``prior_weight`` questions that disagreed at
+    ``prior``: until a few questions have finished, a stream starts as if
+    its answers were flat (the safe side: a larger first wave costs samples,
+    a smaller one on flat data costs accuracy).
+
+    Args:
+        prior: the disagreement assumed before any question.
+        prior_weight: how many questions the prior counts as.
+    """
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 10.0) -> None:
+        if not 0.0 <= prior <= 1.0 or not prior_weight >= 0.0:
+            raise ValueError("prior must be in [0, 1] and prior_weight at least 0")
+        self._disagreed = prior * prior_weight
+        self._weight = prior_weight
+        self.num_questions = 0
+
+    def observe(self, first_keys: tuple[object, ...]) -> None:
+        """A question finished; ``first_keys`` are its first :data:`PROBE` answer keys.
+
+        An abstention (None) counts as a disagreement; a question with fewer
+        samples than the probe tells nothing and is not counted.
+        """
+        if len(first_keys) < PROBE:
+            return
+        self.num_questions += 1
+        self._disagreed += None in first_keys or len(set(first_keys)) > 1
+
+    @property
+    def disagreement(self) -> float:
+        """The estimated share of questions whose first two samples disagree."""
+        weight = self._weight + self.num_questions
+        return self._disagreed / weight if weight else 0.0
+
+    @property
+    def share(self) -> float:
+        """:func:`floor_share` of the estimate."""
+        return floor_share(self.disagreement)

@@ -1,0 +1,130 @@
+"""The service's default batch policy: ASC's ranking over a uniform floor learned from the batch.
+
+ASC (and PPR-1v1) rank a question whose first two or three samples agree by
+chance as sure, and starve it; on flat answer distributions (many near-tied
+answers, a small model on hard questions) that makes them err more than
+plain self-consistency at the same spend. The batch shows how flat its
+answers are before it decides: every question first gets ``probe`` samples,
+and the share of questions whose probe samples disagree sets a *floor*, the
+samples every question gets, uniformly, before ASC's ranking takes the rest
+of the budget. A peaked batch gets no floor (pure ASC, the best fixed policy
+on peaked data); a flat one gets up to half its budget as a floor, and comes
+close to uniform sampling, which is what wins there.
+
+A budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most
+``stop``, whatever budget is left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Literal
+
+from blendserve.core.flatness import PROBE, cap_multiple, floor_share
+from blendserve.core.policies.priority import PriorityPolicy
+from blendserve.core.uncertainty import asc_log_uncertainty
+
+__all__ = ["DEFAULT_STOP", "HedgePolicy"]
+
+#: ASC ``P[p1 < p2]`` at which a question stops (its answer is settled).
+DEFAULT_STOP = 1e-3
+
+# Priorities below this are the floor's (least-sampled first); above, ASC's.
+_FLOOR_PRIORITY = -1e12
+
+
+class HedgePolicy(PriorityPolicy):
+    """ASC over a floor of uniform samples whose size the batch's first samples decide.
+
+    Args:
+        num_questions: questions in the job.
+        budget: total samples.
+        probe: samples every question gets first; their disagreement sets the floor.
+        floor: a fixed floor share of the mean budget (None: learned from the probe).
+        stop: ASC ``P[p1 < p2]`` at which a question stops (0: never).
+        cap: skip questions holding more than ``cap`` times the mean samples
+            (``"auto"``: from the probe, see :func:`~blendserve.core.flatness.cap_multiple`).
+        **kwargs: as for :class:`AllocationPolicy`.
+    """
+
+    name = "hedge"
+    _has_stopping_rule = True
+    budget_aware = True
+
+    def __init__(
+        self,
+        num_questions: int,
+        budget: int,
+        *,
+        probe: int = PROBE,
+        floor: float | None = None,
+        stop: float = DEFAULT_STOP,
+        cap: float | Literal["auto"] | None = "auto",
+        **kwargs: object,
+    ) -> None:
+        if probe < 1:
+            raise ValueError(f"probe must be at least 1, got {probe}")
+        if floor is not None and not 0.0 <= floor <= 1.0:
+            raise ValueError(f"floor must be in [0, 1], got {floor}")
+        if not 0.0 <= stop < 0.5:
+            raise ValueError(f"stop must be in [0, 0.5), got {stop}")
+        per_question = budget / num_questions
+        self.probe = min(probe, math.floor(per_question))
+        self._fixed_floor = floor
+        self._floor = self.probe  # samples every question gets before ranking
+        self._log_stop = math.log(stop) if stop > 0 else -math.inf
+        self._num_probed = 0
+        self._num_flat = 0
+        self.disagreement: float | None = None  # known once every question was probed
+        self._auto_cap = cap == "auto"
+        fixed_cap = None if cap == "auto" else cap
+        super().__init__(num_questions, budget, cap=fixed_cap, **kwargs)  # type: ignore[arg-type]
+        if self.probe == 0:
+            self._set_floor(0.0)
+
+    @property
+    def floor(self) -> int:
+        """Samples every question gets before the ranking decides (while probing: the probe)."""
+        return self._floor
+
+    def priority(self, q: int) -> float:
+        """The least-sampled first below the floor; then minus the log ASC uncertainty."""
+        assigned = self.num_assigned[q]
+        if assigned < self._floor:
+            return _FLOOR_PRIORITY + assigned
+        n1, n2, _ = self.rank_state(q)
+        return -asc_log_uncertainty(n1, n2)
+
+    def lone_runway(self) -> int:
+        """Samples the open question may take before it could reach ``stop`` (all voting for
+        its leader, pending samples too)."""
+        if self._settles or self.num_open != 1 or not self.num_remaining:
+            return super().lone_runway()
+        q = next(q for q in range(self.num_questions) if not self.is_finished(q))
+        n1, n2, _ = self.rank_state(q)
+        left = self.num_remaining
+        m = 1
+        while m < left and asc_log_uncertainty(n1 + m, n2) > self._log_stop:
+            m += 1
+        return min(m, left)
+
+    def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
+        super()._on_vote(q, key, selectable)
+        votes = self.votes
+        if self.disagreement is None and votes.num_samples[q] == self.probe:
+            self._num_probed += 1
+            self._num_flat += votes.n1[q] < self.probe
+            if self._num_probed == self.num_questions:
+                self._set_floor(self._num_flat / self.num_questions)
+        if votes.n1[q] > 0 and asc_log_uncertainty(votes.n1[q], votes.n2[q]) <= self._log_stop:
+            self._finish(q)
+
+    def _set_floor(self, disagreement: float) -> None:
+        self.disagreement = disagreement
+        share = self._fixed_floor if self._fixed_floor is not None else floor_share(disagreement)
+        self._floor = max(self.probe, math.floor(share * self.budget / self.num_questions))
+        if self._auto_cap:
+            self.cap = cap_multiple(disagreement)
+        for q in range(self.num_questions):
+            self._on_rank_change(q)
