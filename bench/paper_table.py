@@ -1,11 +1,12 @@
-"""Reproduces the sample-efficiency table on recorded data and times it.
+"""Reproduces the sample-efficiency table on recorded data and synthetic families, and times it.
 
-Usage: python bench/paper_table.py [DATA_DIR] [--reps 10] [--targets 32,64]
+Usage: python bench/paper_table.py [DATA_DIR] [--reps 10] [--targets 32,64] [--synthetic d1,flat]
 
 DATA_DIR holds the recorded JSONL files (the project's shared benchmark data,
 kept outside this repository for licensing). Prints a Markdown table of mean
-samples per question (and improvement ratio) needed to match SC@x, and the
-wall time of each file's table.
+samples per question (and improvement ratio) needed to match SC@x, the
+default's ratio as a share of the best fixed policy's (every method but the
+default, the oracle and plain SC), and the wall time of each set's table.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import os
 import time
 from pathlib import Path
 
-from blendserve.sim import load_jsonl, sample_efficiency
+from blendserve.sim import Dataset, load_jsonl, sample_efficiency, synthetic
 
-METHODS = ["sc", "esc", "asc", "asc:cap=16", "ppr", "ppr:cap=16", "blend", "oracle", "online"]
+METHODS = [
+    "sc", "esc", "asc", "asc:cap=16", "ppr", "ppr:cap=16", "blend", "oracle", "online", "default",
+]  # fmt: skip
+# Not policies the default competes with: the bar itself, and one that knows the answers.
+_NOT_COMPARED = {"sc", "oracle", "default"}
 FILES = [
     "esc_lastletters_gpt35.jsonl",
     "faithfulcot_date_codex_ltm.jsonl",
@@ -30,15 +35,17 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path, nargs="?", default=Path("../shared/data"))
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--targets", default="32,64")
-    parser.add_argument("--files", default=",".join(FILES))
+    parser.add_argument("--files", default=",".join(FILES), help="recorded files ('' for none)")
+    parser.add_argument("--synthetic", default="", help="synthetic families, 1,000 questions each")
     args = parser.parse_args()
     targets = [int(t) for t in args.targets.split(",")]
     jobs = min(args.reps, os.cpu_count() or 1)
-    header = "| data | SC@x | SC error | " + " | ".join(METHODS) + " | wall s |"
+    header = "| data | SC@x | SC error | " + " | ".join(METHODS) + " | of best | wall s |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
-    for name in args.files.split(","):
-        dataset = load_jsonl(args.data_dir / name)
+    datasets = [load_jsonl(args.data_dir / name) for name in args.files.split(",") if name]
+    families = [synthetic(family, 1000, seed=0) for family in args.synthetic.split(",") if family]
+    for dataset in datasets + families:
         start = time.perf_counter()
         rows = sample_efficiency(dataset, targets, METHODS, reps=args.reps, jobs=jobs)
         wall = time.perf_counter() - start
@@ -47,10 +54,18 @@ def main() -> None:
             for label in METHODS:
                 r = row.methods[label]
                 cells.append(f"{r.samples:.1f} ({r.ratio:.1f}x)" + ("" if r.reached else " n/r"))
+            best = max(r.ratio for k, r in row.methods.items() if k not in _NOT_COMPARED)
+            share = row.methods["default"].ratio / best
             print(
-                f"| {dataset.name} ({dataset.num_questions} q) | {row.target} | "
-                f"{row.sc_error:.4f} | " + " | ".join(cells) + f" | {wall:.0f} |"
+                f"| {_name(dataset)} | {row.target} | {row.sc_error:.4f} | "
+                + " | ".join(cells)
+                + f" | {share:.0%} | {wall:.0f} |",
+                flush=True,
             )
+
+
+def _name(dataset: Dataset) -> str:
+    return f"{dataset.name} ({dataset.num_questions} q)"
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def _solve(url: str, **body: Any) -> httpx.Response:
 
 
 def test_json_answers_and_budget_accounting(server: LiveServer, engine: ReplayEngine) -> None:
-    response = _solve(server.url, budget=45)
+    response = _solve(server.url, budget=45, policy="blend")
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "completed"
@@ -65,6 +65,20 @@ def test_budget_per_question_and_early_settling(server: LiveServer) -> None:
     assert body["budget"]["total"] == 150
     sure = body["answers"][2]
     assert sure["settled_early"] and sure["samples"] < 20
+
+
+def test_a_budget_is_a_ceiling_for_trivial_questions() -> None:
+    records = [{"id": str(i), "answers": [str(i * 7)]} for i in range(3)]
+    questions = [{"id": r["id"], "prompt": f"question {r['id']}"} for r in records]
+    engine = ReplayEngine(records, seed=1)
+    with serve_engine(engine) as live:
+        body = _solve(live.url, questions=questions, budget=200).json()
+    assert [a["answer"] for a in body["answers"]] == ["0", "7", "14"]
+    # Nine unanimous votes bring ASC's P[p1 < p2] to 1e-3: each question stops there.
+    assert [a["samples"] for a in body["answers"]] == [9, 9, 9]
+    assert all(a["settled_early"] for a in body["answers"])
+    assert body["budget"] == {"total": 200, "spent": 27, "unspent": 173}
+    assert engine.stats.samples == 27
 
 
 def test_a_question_whose_samples_keep_being_cut_stops_and_says_why() -> None:

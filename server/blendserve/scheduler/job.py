@@ -73,10 +73,14 @@ class _AnswerSweeper:
 
     def candidates(self, q: int, policy: AllocationPolicy) -> Iterable[int]:
         """Only ``q`` changed, unless the budget just ran out: then all may be final."""
+        return self.everyone(policy) or (q,)
+
+    def everyone(self, policy: AllocationPolicy) -> range:
+        """Every question, once, as soon as the budget has run out (else none)."""
         if policy.num_remaining == 0 and not self.swept:
             self.swept = True
             return range(self.num_questions)
-        return (q,)
+        return range(0)
 
 
 class Job:
@@ -174,6 +178,9 @@ class Job:
                 backoff = failures.backoff(loop.time())
                 if failures.error is None and backoff <= 0:
                     self._dispatch(in_flight)
+                    # The last of the budget went out: questions with nothing in flight are final.
+                    for event in self._final_answers(sweeper.everyone(self.policy)):
+                        yield event
                 if not in_flight:
                     if backoff > 0:
                         await asyncio.sleep(backoff)

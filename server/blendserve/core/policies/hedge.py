@@ -92,7 +92,9 @@ class HedgePolicy(PriorityPolicy):
         """The least-sampled first below the floor; then minus the log ASC uncertainty."""
         assigned = self.num_assigned[q]
         if assigned < self._floor:
-            return _FLOOR_PRIORITY + assigned
+            # Among equals, the question whose samples are back goes first.
+            pending = self.num_pending_of[q]
+            return _FLOOR_PRIORITY + assigned + (0.5 * pending / assigned if pending else 0.0)
         n1, n2, _ = self.rank_state(q)
         return -asc_log_uncertainty(n1, n2)
 
