@@ -1,25 +1,39 @@
 """Online self-consistency through ``/v1`` with the official SDK, against the grouping window.
 
 Usage: python bench/bench_online.py [DATA_DIR] [--questions 300] [--concurrency 1,8,64]
+    [--synthetic flat,many,mixed] [--files none]
 
 For each recorded set (questions in a seeded random order), a real uvicorn
 server on loopback over the replay engine (``--latency`` seconds a request)
 answers chat completions sent by ``openai.AsyncOpenAI`` at each client
 concurrency, once in the default online mode and once with the 50 ms grouping
 window (``sc_mode=grouped``). Prints mean samples per question, reducible
-error (answers that are not the recorded mode), request latency p50/p99,
-engine rounds per question and the pacing error after 100, 200 and 500
+error (answers that are not the recorded mode) next to SC@32's expected
+error on the same questions (32 samples of each, null answers not voting,
+ties to the answer first to reach the top count, averaged over 2000 draws),
+request latency p50/p99, engine rounds per question (online: the pool's
+waves, mean and p50/p95; grouped: engine requests per question, p50/p95),
+engine requests per question and the pacing error after 100, 200 and 500
 questions. Every loop is bounded by the question count.
+
+The recorded sets run at the mean budgets of :data:`BUDGETS`. ``--synthetic``
+adds synthetic families of the simulator (``--questions`` of each, served
+exactly from their distributions), each at the mean budget with which the
+simulator's online method reaches SC@32's error on those questions (found
+when the bench starts; SC@32 when it never does).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +42,10 @@ import openai
 import uvicorn
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.service import Settings, create_app
+from blendserve.sim.data import Dataset
+from blendserve.sim.efficiency import sample_efficiency
+from numpy.typing import NDArray
+from records import CountingReplayEngine, Record, StreamEngine, percentiles, synthetic_records
 
 # Mean budgets at which the simulator's online method reaches SC@32's error.
 BUDGETS = {
@@ -35,6 +53,9 @@ BUDGETS = {
     "faithfulcot_date_codex_ltm.jsonl": 3.2,
     "trove_math_codellama7b_pot.jsonl": 19.0,
 }
+TARGET = 32
+#: Draws of SC@32 per question for its expected error.
+SC_DRAWS = 2000
 
 
 def _records(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
@@ -48,6 +69,67 @@ def _records(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
             kept.append(record)
     random.Random(seed).shuffle(kept)
     return kept[:limit]
+
+
+def _synthetic(family: str, limit: int, seed: int) -> list[Record]:
+    """A synthetic family's questions in a seeded random order, as ``_records`` orders them."""
+    kept = synthetic_records(family, limit, seed)
+    random.Random(seed).shuffle(kept)
+    return kept
+
+
+def _recorded_distributions(
+    records: list[dict[str, Any]],
+) -> list[tuple[list[str | None], NDArray[np.float64]]]:
+    """Each record's answers (nulls included, as the replay engine serves them) and frequencies."""
+    distributions = []
+    for record in records:
+        answers = [None if a is None else str(a) for a in record["answers"]]
+        values = list(dict.fromkeys(answers))
+        counts = np.array([answers.count(v) for v in values], dtype=float)
+        distributions.append((values, counts / counts.sum()))
+    return distributions
+
+
+def sc_error(
+    distributions: list[tuple[list[str | None], NDArray[np.float64]]],
+    modes: list[str],
+    draws: int = SC_DRAWS,
+    seed: int = 0,
+) -> float:
+    """SC@32's expected reducible error: the share of questions whose vote misses the mode.
+
+    Each question draws 32 samples ``draws`` times; null answers do not vote,
+    a question with no vote is wrong, and a tie goes to the answer that
+    reached the top count first (as :class:`VoteState` breaks it).
+    """
+    rng = np.random.default_rng(seed)
+    wrong = 0.0
+    for (values, probs), mode in zip(distributions, modes, strict=True):
+        k = len(values)
+        drawn = np.minimum(
+            np.searchsorted(np.cumsum(probs), rng.random((draws, TARGET)), side="right"), k - 1
+        )
+        voting = np.array([v is not None for v in values])
+        rows = np.repeat(np.arange(draws), TARGET)
+        counts = np.zeros((draws, k), dtype=np.int64)
+        np.add.at(counts, (rows, drawn.ravel()), 1)
+        counts[:, ~voting] = 0
+        # an answer reaches its final count at its last occurrence
+        last = np.full((draws, k), -1, dtype=np.int64)
+        np.maximum.at(last, (rows, drawn.ravel()), np.tile(np.arange(TARGET), draws))
+        top = counts.max(axis=1, keepdims=True)
+        first_to_top = np.where(counts == top, last, TARGET).argmin(axis=1)
+        right = (top[:, 0] > 0) & (np.array(values, dtype=object)[first_to_top] == mode)
+        wrong += 1.0 - float(right.mean())
+    return wrong / len(modes)
+
+
+def sim_budget(records: list[Record], reps: int) -> float:
+    """Mean samples with which the simulator's online method reaches SC@32's error (32: never)."""
+    dataset = Dataset("synthetic", [r.id for r in records], [r.probs for r in records])
+    result = sample_efficiency(dataset, [TARGET], ["online"], reps=reps)[0].methods["online"]
+    return round(result.samples, 1) if result.reached else float(TARGET)
 
 
 def _serve(engine: ReplayEngine, **settings: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -89,15 +171,65 @@ async def _ask_all(
     return results
 
 
-def run(
-    records: list[dict[str, Any]], mode: str, concurrency: int, budget: float, latency: float
-) -> dict[str, Any]:
-    """One pass over ``records``; the numbers of one table row."""
-    engine = ReplayEngine(records, seed=concurrency, latency=LatencyModel(fixed=latency))
+@dataclass
+class QuestionSet:
+    """One table block: the questions a client asks, at which budget, and how they are served.
+
+    Attributes:
+        name: the set's name in the table.
+        questions: ``id`` (the message sent) and ``mode`` (the right answer) of each.
+        budget: mean samples per question asked for.
+        sc_error: SC@32's expected reducible error on these questions.
+        engine: ``(seed, latency) ->`` the engine serving them.
+    """
+
+    name: str
+    questions: list[dict[str, Any]]
+    budget: float
+    sc_error: float
+    engine: Callable[[int, float], CountingReplayEngine]
+
+
+def recorded_set(path: Path, limit: int) -> QuestionSet:
+    """A recorded set, served by the replay engine from its recorded answers (nulls included)."""
+    records = _records(path, limit, seed=0)
+    modes = [str(r["mode"]) for r in records]
+    return QuestionSet(
+        f"{path.stem} ({len(records)} q)",
+        records,
+        BUDGETS[path.name],
+        sc_error(_recorded_distributions(records), modes),
+        lambda seed, latency: CountingReplayEngine(
+            records, seed=seed, latency=LatencyModel(fixed=latency)
+        ),
+    )
+
+
+def synthetic_set(family: str, limit: int, seed: int, reps: int) -> QuestionSet:
+    """A synthetic family, served exactly from its distributions, at the simulator's budget."""
+    records = _synthetic(family, limit, seed)
+    distributions: list[tuple[list[str | None], NDArray[np.float64]]] = [
+        (list(r.answers), r.probs) for r in records
+    ]
+    return QuestionSet(
+        f"synthetic {family} ({len(records)} q)",
+        [{"id": r.id, "mode": r.mode} for r in records],
+        sim_budget(records, reps),
+        sc_error(distributions, [r.mode for r in records]),
+        lambda engine_seed, latency: StreamEngine(
+            records, engine_seed, LatencyModel(fixed=latency)
+        ),
+    )
+
+
+def run(questions: QuestionSet, mode: str, concurrency: int, latency: float) -> dict[str, Any]:
+    """One pass over the set's questions; the numbers of one table row."""
+    engine = questions.engine(concurrency, latency)
+    budget = questions.budget
     settings = {"sc_mode": mode, "default_concurrency": 64, "max_concurrent_jobs": 256}
     server, thread, url = _serve(engine, **settings)
     try:
-        results = asyncio.run(_ask_all(url, records, concurrency, budget))
+        results = asyncio.run(_ask_all(url, questions.questions, concurrency, budget))
         pools = server.config.app.state.grouper.pools.pools.values()
         rounds = sum(p.num_rounds for p in pools)
     finally:
@@ -110,40 +242,70 @@ def run(
     def pacing(k: int) -> str:
         return f"{running[k - 1] / budget - 1:+.1%}" if len(samples) >= k else "-"
 
+    # Online: the waves of each question, as its pool counted them; grouped:
+    # the engine requests of each question (a job's rounds).
+    per_question = (
+        engine.pool_rounds if mode == "online" else list(engine.requests_per_question.values())
+    )
     return {
         "samples": float(samples.mean()),
         "error": 1 - float(np.mean([v["correct"] for _, v in results])),
         "p50_ms": 1000 * float(np.percentile(latencies, 50)),
         "p99_ms": 1000 * float(np.percentile(latencies, 99)),
         "rounds": rounds / len(results) if mode == "online" else float("nan"),
+        "rounds_p50_p95": percentiles(per_question),
         "requests_per_q": engine.stats.requests / len(results),
         "pacing": " / ".join(pacing(k) for k in (100, 200, 500)),
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("data_dir", type=Path, nargs="?", default=Path("../shared/data"))
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per engine request")
     parser.add_argument("--modes", default="online,grouped")
-    parser.add_argument("--files", default=",".join(BUDGETS))
-    args = parser.parse_args()
-    print(
-        "| data | mode | clients | budget | samples/q | error | p50 ms | p99 ms "
-        "| rounds/q | requests/q | pacing @100/200/500 |"
+    parser.add_argument(
+        "--files", default=",".join(BUDGETS), help="recorded sets (of BUDGETS; none: no recorded)"
     )
-    print("|" + "---|" * 11)
-    for name in args.files.split(","):
-        records = _records(args.data_dir / name, args.questions, seed=0)
+    parser.add_argument(
+        "--synthetic", default="", help="comma-separated synthetic families (flat,many,mixed,...)"
+    )
+    parser.add_argument("--synthetic-seed", type=int, default=0)
+    parser.add_argument(
+        "--sim-reps", type=int, default=10, help="simulator repetitions finding a family's budget"
+    )
+    args = parser.parse_args()
+    sets: list[Callable[[], QuestionSet]] = []
+    if args.files != "none":
+        sets += [
+            functools.partial(recorded_set, args.data_dir / name, args.questions)
+            for name in args.files.split(",")
+        ]
+    sets += [
+        functools.partial(synthetic_set, family, args.questions, args.synthetic_seed, args.sim_reps)
+        for family in filter(None, args.synthetic.split(","))
+    ]
+    print(
+        "| data | mode | clients | budget | samples/q | error | SC@32 error | p50 ms | p99 ms "
+        "| rounds/q | rounds p50/p95 | requests/q | pacing @100/200/500 |"
+    )
+    print("|" + "---|" * 13)
+    for make in sets:
+        questions = make()
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             for mode in args.modes.split(","):
-                row = run(records, mode, concurrency, BUDGETS[name], args.latency)
+                row = run(questions, mode, concurrency, args.latency)
+                p50, p95 = row["rounds_p50_p95"]
                 print(
-                    f"| {Path(name).stem} ({len(records)} q) | {mode} | {concurrency} "
-                    f"| {BUDGETS[name]:g} | {row['samples']:.2f} | {row['error']:.3f} "
+                    f"| {questions.name} | {mode} | {concurrency} "
+                    f"| {questions.budget:g} | {row['samples']:.2f} | {row['error']:.3f} "
+                    f"| {questions.sc_error:.3f} "
                     f"| {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['rounds']:.2f} "
+                    f"| {p50:.0f} / {p95:.0f} "
                     f"| {row['requests_per_q']:.2f} | {row['pacing']} |",
                     flush=True,
                 )

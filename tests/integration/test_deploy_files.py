@@ -7,13 +7,14 @@ schema there, by their references.
 """
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import yaml
+
+from tests.support.tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -71,8 +72,7 @@ def test_config_keys_are_settings() -> None:
 
 
 def test_compose_file_is_valid_for_both_profiles() -> None:
-    compose = shutil.which("docker-compose")
-    assert compose is not None, "docker-compose not found: install Debian's docker-compose"
+    compose = require("docker-compose", "apt-get install docker-compose (Debian's package)")
     for profile in ("gpu", "cpu"):
         checked = subprocess.run(
             [compose, "--profile", profile, "config", "-q"],

@@ -7,7 +7,6 @@ parse and return data. ``promtool`` checks the shipped Prometheus config.
 """
 
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from blendserve.service import Settings, create_app
 from tests.support.command import PORT_TAKEN, free_port
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
+from tests.support.tools import require
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +31,7 @@ RATE_INTERVAL = "1m"  # what Grafana puts for $__rate_interval; wide enough for 
 
 
 def _binary(name: str) -> str:
-    path = shutil.which(name)
-    assert path is not None, f"{name} not found: install Debian's prometheus package"
-    return path
+    return require(name, "apt-get install prometheus (Debian's package)")
 
 
 def _expressions() -> list[str]:

@@ -30,6 +30,7 @@ __all__ = [
     "ConfidenceOut",
     "SamplingFields",
     "SamplingIn",
+    "StoppedOut",
     "check_extra",
     "check_messages",
     "check_policy",
@@ -254,4 +255,15 @@ def vote_fields(event: AnswerEvent) -> dict[str, Any]:
         "confidence": ConfidenceOut(**asdict(event.confidence)),
         "settled_early": event.settled_early,
         "partial": event.partial,
+        "stopped": event.stopped,
     }
+
+
+#: Why a question stopped early, as both routes report it.
+StoppedOut = Annotated[
+    Literal["truncated"] | None,
+    Field(
+        description='why the question stopped early: "truncated" when 3 of its samples were cut '
+        'at max_tokens and none voted (answer null; on /v1 finish_reason "length"); else null'
+    ),
+]

@@ -66,7 +66,7 @@ def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choi
 
 def vote_out(event: AnswerEvent, temperature: float | None) -> VoteOut:
     """The ``blendserve`` field of one question whose samples were drawn at ``temperature``."""
-    return VoteOut(temperature=temperature, stopped=event.stopped, **vote_fields(event))
+    return VoteOut(temperature=temperature, **vote_fields(event))
 
 
 class Reply:

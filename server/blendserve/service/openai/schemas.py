@@ -18,6 +18,7 @@ from blendserve.service.vocabulary import (
     AnswerFormat,
     ChatMessages,
     ConfidenceOut,
+    StoppedOut,
     check_messages,
     check_policy,
     invalid_field,
@@ -232,11 +233,7 @@ class VoteOut(BaseModel):
         "a greedy request (temperature 0) gets one sample unless the server samples it "
         "at --sc-greedy-temperature"
     )
-    stopped: str | None = Field(
-        None,
-        description='why the question stopped early: "truncated" when 3 of its samples were '
-        'cut at max_tokens and none voted (answer null, finish_reason "length"); null otherwise',
-    )
+    stopped: StoppedOut = None
 
 
 class ChatMessageOut(BaseModel):

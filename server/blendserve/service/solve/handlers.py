@@ -87,7 +87,6 @@ def answer_out(event: AnswerEvent) -> AnswerOut:
         id=event.id,
         completion=event.completion,
         usage=UsageOut(**asdict(event.usage)),
-        stopped=event.stopped,
         **vote_fields(event),
     )
 

@@ -15,6 +15,7 @@ from blendserve.service.vocabulary import (
     ChatMessages,
     ConfidenceOut,
     SamplingIn,
+    StoppedOut,
     check_messages,
     check_policy,
     invalid_field,
@@ -196,11 +197,7 @@ class AnswerOut(BaseModel):
     completion: str | None
     usage: UsageOut
     partial: bool = False
-    stopped: str | None = Field(
-        None,
-        description='why the question stopped early: "truncated" when 3 of its samples were '
-        "cut at max_tokens and none voted (answer null); null otherwise",
-    )
+    stopped: StoppedOut = None
 
 
 class BudgetOut(BaseModel):

@@ -1,0 +1,173 @@
+"""Question sets shared by the benchmarks: recorded or synthetic, served as answer streams.
+
+A :class:`Record` carries a question's distinct answers, its true mode first,
+and their probabilities: the frequencies of its recorded answers (as the
+simulator has them) or a synthetic family's distribution, exactly. A
+:class:`StreamEngine` serves them through the replay engine, drawing the
+simulator's answer streams; :class:`CountingReplayEngine` counts the engine
+requests of every question (the rounds a question took).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from blendserve.engines.base import GenerateRequest, Sample
+from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.sim.data import MIN_ANSWERS, Dataset
+from blendserve.sim.runner import AnswerDraws
+from blendserve.sim.synthetic import synthetic
+from blendserve.stats import Stats
+from numpy.typing import NDArray
+
+__all__ = [
+    "CountingReplayEngine",
+    "Record",
+    "StreamEngine",
+    "load",
+    "percentiles",
+    "question_key",
+    "synthetic_records",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    """A kept question: its distinct answers, the true mode first, and their probabilities."""
+
+    id: str
+    answers: tuple[str, ...]
+    probs: NDArray[np.float64]
+
+    @property
+    def mode(self) -> str:
+        """The true most likely answer."""
+        return self.answers[0]
+
+    def distribution(self) -> tuple[list[str], NDArray[np.float64]]:
+        """Distinct answers, the mode first, and their probabilities (as the simulator has them)."""
+        return list(self.answers), self.probs
+
+
+def load(path: Path) -> list[Record]:
+    """The recorded questions the simulator keeps (enough non-null answers, a unique mode)."""
+    kept = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        raw = json.loads(line)
+        answers = [str(a) for a in raw["answers"] if a is not None]
+        counts = Counter(answers)
+        top = counts.most_common(2)
+        if len(answers) >= MIN_ANSWERS and (len(top) == 1 or top[0][1] > top[1][1]):
+            mode = top[0][0]
+            ordered = [mode] + [a for a, _ in counts.most_common() if a != mode]
+            probs = np.array([counts[a] for a in ordered], dtype=float) / len(answers)
+            kept.append(Record(str(raw["id"]), tuple(ordered), probs))
+    return kept
+
+
+def synthetic_records(family: str, num_questions: int = 300, seed: int = 0) -> list[Record]:
+    """A synthetic family's questions; answer ``a0`` of each is its true mode.
+
+    Questions whose drawn mode is tied are left out (as the simulator leaves
+    them out), so there may be fewer than ``num_questions``.
+    """
+    dataset = synthetic(family, num_questions, seed)
+    return [
+        Record(f"{family}-{qid}", tuple(f"a{k}" for k in range(len(p))), p)
+        for qid, p in zip(dataset.ids, dataset.probs, strict=True)
+    ]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95)) -> list[float]:
+    """The ``qs`` percentiles of ``values`` (NaN when there are none)."""
+    if not values:
+        return [float("nan")] * len(qs)
+    return [float(v) for v in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
+def question_key(request: GenerateRequest) -> str:
+    """What the benches ask by: the prompt, else the last message, else the question's id.
+
+    ``/v1`` gives its questions ids of its own (not unique across grouped
+    jobs); the benches send the record's id as the prompt or message.
+    """
+    if isinstance(request.prompt, str):
+        return request.prompt
+    if request.messages:
+        return str(request.messages[-1].get("content"))
+    return str(request.question_id)
+
+
+class _PoolRounds:
+    """A stats sink passing every report on, keeping the waves of each answered pool question."""
+
+    def __init__(self, inner: Stats, rounds: list[int]) -> None:
+        self._inner = inner
+        self._rounds = rounds
+
+    def pool_answered(self, pool: str, rounds: int, *args: Any) -> None:
+        self._rounds.append(rounds)
+        self._inner.pool_answered(pool, rounds, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class CountingReplayEngine(ReplayEngine):
+    """The replay engine, counting the requests of each question (by :func:`question_key`).
+
+    ``pool_rounds`` keeps the waves of every question an online pool over
+    this engine answered (the pools report where the engine does).
+    """
+
+    def __init__(self, data: Sequence[Mapping[str, Any]], **kwargs: Any) -> None:
+        self.requests_per_question: Counter[str] = Counter()
+        self.pool_rounds: list[int] = []
+        super().__init__(data, **kwargs)
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink``, keeping the pools' rounds on the way."""
+        super().report_to(cast(Stats, _PoolRounds(sink, self.pool_rounds)))
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        """Counts the request against its question, then serves it."""
+        self.requests_per_question[question_key(request)] += 1
+        return await super().replay(request, kind)
+
+
+class StreamEngine(CountingReplayEngine):
+    """The replay engine drawing the simulator's answer streams from :class:`Record` s.
+
+    The k-th sample of question q is the k-th draw of :class:`AnswerDraws`
+    for ``(seed, q)``, whatever the order of requests: every method, the
+    simulator included, sees the same answers (common random numbers). A
+    question is found by its prompt or last message, else by its id (as the
+    replay engine finds it): ``/v1`` requests carry ids of their own.
+    """
+
+    def __init__(self, records: list[Record], seed: int, latency: LatencyModel) -> None:
+        super().__init__(
+            [{"id": r.id, "answers": list(r.answers)} for r in records], latency=latency
+        )
+        self.dataset = Dataset("replay", [r.id for r in records], [r.probs for r in records])
+        self._draws = AnswerDraws(self.dataset, seed)
+        # question id -> (its index, its distinct answers)
+        self._index = {r.id: (i, r.answers) for i, r in enumerate(records)}
+
+    def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
+        q, answers = self._find(request)
+        return [answers[self._draws.next(q)] for _ in range(request.n)]
+
+    def _find(self, request: GenerateRequest) -> tuple[int, tuple[str, ...]]:
+        for key in (question_key(request), request.question_id):
+            if key is not None and key in self._index:
+                return self._index[key]
+        raise KeyError(f"no record for question {request.question_id!r}")
