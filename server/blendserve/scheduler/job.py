@@ -11,7 +11,7 @@ close to its sequential ones:
   question takes another sample in flight only if it still ranks first;
   one chosen k times in a row goes out as one request with ``n = k``;
 - at most ``in_flight_per_question`` samples per open question are in
-  flight (0.5: about two rounds per sample per question), and never more
+  flight (0.25: about four rounds per sample per question), and never more
   than ``concurrency``; a lone open question has nothing left to rank and
   takes up to ``concurrency``, as many as it can take before it could stop
   (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`).

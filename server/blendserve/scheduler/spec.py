@@ -9,7 +9,10 @@ from typing import Any, Protocol
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
-__all__ = ["JobSpec", "Keyer", "Question", "RequestSettings"]
+__all__ = ["DEFAULT_IN_FLIGHT_PER_QUESTION", "JobSpec", "Keyer", "Question", "RequestSettings"]
+
+#: Samples in flight per open question of a job, at most (see :class:`~blendserve.scheduler.Job`).
+DEFAULT_IN_FLIGHT_PER_QUESTION = 0.25
 
 #: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
 Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
@@ -79,7 +82,7 @@ class JobSpec:
     model: str | None = None
     settle_delta: float = 0.0
     concurrency: int = 64
-    in_flight_per_question: float = 0.5
+    in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
     max_samples_per_request: int = 16
     seed: int = 0
     request_timeout: float | None = None

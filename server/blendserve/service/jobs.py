@@ -18,6 +18,7 @@ from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import Job, JobSpec, Keyer, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.settings import Settings
 
 __all__ = ["JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
@@ -47,7 +48,7 @@ class JobDefaults:
     """The service's side of every job: what a request leaves unset or cannot set."""
 
     concurrency: int = 64
-    in_flight_per_question: float = 0.5
+    in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
     request_timeout: float | None = None
     failure_timeout: float = 5.0
 

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.engines.factory import EngineConfig, EngineKind
+from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.connections import ConnectionTimeouts
 from blendserve.service.vocabulary import check_policy
 
@@ -48,7 +49,9 @@ class Settings(BaseSettings):
     vllm_model: str | None = None
     default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
     default_in_flight_per_question: float = Field(
-        0.5, gt=0, description="samples in flight per open question of a job"
+        DEFAULT_IN_FLIGHT_PER_QUESTION,
+        gt=0,
+        description="samples in flight per open question of a job",
     )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")

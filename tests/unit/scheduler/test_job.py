@@ -90,7 +90,7 @@ def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> Non
     engine = FakeEngine(DISTRIBUTIONS, fail_next=10**6)
     events = _run(_events(Job(_spec(30, max_consecutive_failures=5), engine, last_word)))
     done = events[-1]
-    assert done.status is JobStatus.FAILED and "5 times in a row" in (done.error or "")
+    assert done.status is JobStatus.FAILED and "times in a row" in (done.error or "")
     answers = [e for e in events if isinstance(e, AnswerEvent)]
     assert len(answers) == 4 and all(a.partial and a.answer is None for a in answers)
     assert done.spent == 0

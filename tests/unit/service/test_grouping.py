@@ -26,7 +26,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _grouper(engine: FakeEngine, wait: float = 10.0, max_questions: int = 3) -> Grouper:
-    maker = JobMaker(engine, JobDefaults(concurrency=4))
+    maker = JobMaker(engine, JobDefaults(concurrency=4, in_flight_per_question=0.5))
     return Grouper(maker, wait=wait, max_questions=max_questions)
 
 

@@ -116,7 +116,7 @@ class SolveRequest(RequestModel):
         gt=0,
         le=64,
         description=(
-            "samples in flight per open question, at most (default 0.5): more means fewer "
+            "samples in flight per open question, at most (default 0.25): more means fewer "
             "rounds, fewer means decisions closer to the sequential policy's"
         ),
     )
