@@ -69,8 +69,7 @@ class HedgePolicy(PriorityPolicy):
             raise ValueError(f"floor must be in [0, 1], got {floor}")
         if not 0.0 <= stop < 0.5:
             raise ValueError(f"stop must be in [0, 0.5), got {stop}")
-        per_question = budget / num_questions
-        self.probe = min(probe, math.floor(per_question))
+        self.probe = min(probe, budget // max(1, num_questions))
         self._fixed_floor = floor
         self._floor = self.probe  # samples every question gets before ranking
         self._log_stop = math.log(stop) if stop > 0 else -math.inf
@@ -80,8 +79,6 @@ class HedgePolicy(PriorityPolicy):
         self._auto_cap = cap == "auto"
         fixed_cap = None if cap == "auto" else cap
         super().__init__(num_questions, budget, cap=fixed_cap, **kwargs)  # type: ignore[arg-type]
-        if self.probe == 0:
-            self._set_floor(0.0)
 
     @property
     def floor(self) -> int:
