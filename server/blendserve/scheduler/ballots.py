@@ -13,9 +13,8 @@ from blendserve.scheduler.spec import Keyer
 
 __all__ = ["TRUNCATED_LIMIT", "Ballots"]
 
-#: Samples cut at ``max_tokens``, none of the question's samples having voted,
-#: after which a question stops (``stopped="truncated"``): it would only keep
-#: being cut.
+#: Samples cut at ``max_tokens`` since the question's last vote after which it
+#: stops (``stopped="truncated"``): its samples keep being cut, and more would too.
 TRUNCATED_LIMIT = 3
 
 
@@ -31,14 +30,14 @@ class Ballots:
     usage: Usage = field(default_factory=Usage)
     abstained: str | None = None  # the last completion with no answer
     abstained_finish_reason: str | None = None
-    truncated: int = 0  # samples cut at max_tokens
+    truncated: int = 0  # samples cut at max_tokens since the last vote
     last_truncated: str | None = None  # the last of them
     stopped: str | None = None  # why the question stopped early ("truncated")
 
     @property
     def is_cut(self) -> bool:
-        """Whether ``TRUNCATED_LIMIT`` samples were cut at ``max_tokens`` and none voted."""
-        return self.truncated >= TRUNCATED_LIMIT and not self.answers
+        """Whether ``TRUNCATED_LIMIT`` samples were cut at ``max_tokens`` since the last vote."""
+        return self.truncated >= TRUNCATED_LIMIT
 
     def stop_if_cut(self) -> bool:
         """Marks a cut question ``stopped="truncated"``; whether it was just stopped."""
@@ -51,7 +50,7 @@ class Ballots:
         """Keys one sample and keeps what an answer needs; its key (None: it abstains).
 
         A sample cut at ``max_tokens`` is truncated: it never votes, and
-        ``TRUNCATED_LIMIT`` of them with no vote make the question cut (:attr:`is_cut`).
+        ``TRUNCATED_LIMIT`` of them since the last vote make the question cut (:attr:`is_cut`).
         """
         truncated = sample.finish_reason == "length"
         if truncated:
@@ -61,9 +60,11 @@ class Ballots:
         if key is None:
             self.abstained = sample.text
             self.abstained_finish_reason = sample.finish_reason
-        elif key not in self.answers:
-            self.answers[key] = (answer if answer is not None else key, sample.text)
-            self.finish_reasons[key] = sample.finish_reason
+        else:
+            self.truncated = 0
+            if key not in self.answers:
+                self.answers[key] = (answer if answer is not None else key, sample.text)
+                self.finish_reasons[key] = sample.finish_reason
         self.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
         return key
 

@@ -77,8 +77,8 @@ class AnswerEvent:
         abstained_finish_reason: the finish reason of ``abstained`` (``length``:
             cut at ``max_tokens``).
         stopped: ``truncated`` when the question stopped because
-            ``TRUNCATED_LIMIT`` (3) of its samples were cut at ``max_tokens``
-            and none voted; None otherwise.
+            ``TRUNCATED_LIMIT`` (3) of its samples since its last vote were cut
+            at ``max_tokens``; None otherwise.
     """
 
     index: int

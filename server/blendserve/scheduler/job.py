@@ -22,8 +22,9 @@ every free slot at once fell to about uniform allocation
 (``bench/bench_e2e_efficiency.py``).
 
 A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
-of them and no vote) stops at once: its requests in flight are cancelled and
-refunded, and it is answered with no answer and ``stopped="truncated"``.
+of them since its last vote) stops at once: its requests in flight are
+cancelled and refunded, and it is answered with the votes it has and
+``stopped="truncated"``.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the

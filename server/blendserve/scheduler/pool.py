@@ -4,7 +4,7 @@ A question joins at once (no grouping wait), is sampled in waves of
 :meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
 with ``n = k``, then smaller top-ups) and is answered as soon as its
 uncertainty is at most the pool's ``tau``, it reaches its cap, its samples
-keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` of them and no vote:
+keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` since its last vote:
 ``stopped="truncated"``, not counted in the pacing) or its caller leaves
 (:meth:`Pool.cancel` ends them all at once with the answers they have: a
 shutdown past its grace). ``tau`` is paced so that the mean samples per

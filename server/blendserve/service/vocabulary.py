@@ -263,7 +263,8 @@ def vote_fields(event: AnswerEvent) -> dict[str, Any]:
 StoppedOut = Annotated[
     Literal["truncated"] | None,
     Field(
-        description='why the question stopped early: "truncated" when 3 of its samples were cut '
-        'at max_tokens and none voted (answer null; on /v1 finish_reason "length"); else null'
+        description='why the question stopped early: "truncated" when 3 of its samples since '
+        "its last vote were cut at max_tokens (with no vote: answer null, and on /v1 "
+        'finish_reason "length"); else null'
     ),
 ]

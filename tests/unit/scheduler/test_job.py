@@ -294,9 +294,12 @@ def _ballots(*samples: Sample) -> Ballots:
 CUT = Sample("so it is", "length", 5, 4, "fake")
 
 
-def test_a_question_is_cut_by_truncated_samples_only_while_none_voted() -> None:
-    voted = _ballots(CUT, Sample("so it is 7", "stop", 5, 4, "fake"), CUT, CUT)
-    assert voted.truncated == 3 and not voted.is_cut and not voted.stop_if_cut()
+def test_a_question_is_cut_by_truncated_samples_since_its_last_vote() -> None:
+    seven = Sample("so it is 7", "stop", 5, 4, "fake")
+    voted = _ballots(CUT, CUT, seven, CUT, CUT)
+    assert voted.truncated == 2 and not voted.is_cut and not voted.stop_if_cut()
+    again = _ballots(seven, CUT, CUT, CUT)
+    assert again.is_cut and again.stop_if_cut()
     abstained = Sample("so it is none", "stop", 5, 4, "fake")
     assert not _ballots(CUT, CUT, abstained).is_cut
     cut = _ballots(CUT, CUT, CUT, abstained)
