@@ -18,7 +18,7 @@ def solve_body(
     *,
     budget: int | None,
     budget_per_question: float | None,
-    policy: str,
+    policy: str | None,
     answer: Mapping[str, Any] | str | None,
     sampling: Mapping[str, Any] | None,
     model: str | None,
@@ -30,14 +30,15 @@ def solve_body(
 ) -> dict[str, Any]:
     """The JSON body; a plain string question is a prompt.
 
-    With ``confidence`` the default ``policy`` and ``settle_delta`` stay out
-    (a quality target has neither; others go, for the service to refuse).
+    ``policy`` None is the service's default. With ``confidence`` the default
+    ``settle_delta`` stays out (a quality target has none; others go, for the
+    service to refuse).
     """
     body: dict[str, Any] = {
         "questions": [{"prompt": q} if isinstance(q, str) else dict(q) for q in questions],
         "stream": stream,
     }
-    if confidence is None or policy != "blend":
+    if policy is not None:
         body["policy"] = policy
     if confidence is None or settle_delta != 0.0:
         body["settle_delta"] = settle_delta

@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service")
     parser.add_argument("--api-key", help="bearer key")
-    parser.add_argument("--policy", default="blend")
+    parser.add_argument("--policy", help="allocation policy (default: the service's)")
     parser.add_argument("--answer", default="auto", help="answer kind: auto, number, math, ...")
     parser.add_argument("--pattern", help="regex for --answer regex")
     parser.add_argument("--temperature", type=float)

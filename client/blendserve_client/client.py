@@ -56,7 +56,7 @@ class Client:
         *,
         budget: int | None = None,
         budget_per_question: float | None = None,
-        policy: str = "blend",
+        policy: str | None = None,
         answer: Mapping[str, Any] | str | None = None,
         sampling: Mapping[str, Any] | None = None,
         model: str | None = None,
@@ -70,7 +70,8 @@ class Client:
         Args:
             questions: prompts, or ``{"id", "prompt" | "messages"}`` objects.
             budget: total samples (or give ``budget_per_question``, or ``confidence``).
-            policy: ``blend`` (default), ``asc``, ``ppr``, ``esc`` or ``sc``.
+            policy: None for the service's default (``hedge``), or ``blend``,
+                ``asc``, ``ppr``, ``esc``, ``sc``.
             answer: answer kind (``"number"``) or ``{"kind", "pattern"}``.
             sampling: temperature, top_p, max_tokens, stop, seed, ...
             model: upstream model.
@@ -99,7 +100,7 @@ class Client:
         *,
         budget: int | None = None,
         budget_per_question: float | None = None,
-        policy: str = "blend",
+        policy: str | None = None,
         answer: Mapping[str, Any] | str | None = None,
         sampling: Mapping[str, Any] | None = None,
         model: str | None = None,
@@ -171,7 +172,7 @@ class AsyncClient:
         *,
         budget: int | None = None,
         budget_per_question: float | None = None,
-        policy: str = "blend",
+        policy: str | None = None,
         answer: Mapping[str, Any] | str | None = None,
         sampling: Mapping[str, Any] | None = None,
         model: str | None = None,
@@ -197,7 +198,7 @@ class AsyncClient:
         *,
         budget: int | None = None,
         budget_per_question: float | None = None,
-        policy: str = "blend",
+        policy: str | None = None,
         answer: Mapping[str, Any] | str | None = None,
         sampling: Mapping[str, Any] | None = None,
         model: str | None = None,

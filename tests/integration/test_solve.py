@@ -73,12 +73,15 @@ def test_a_budget_is_a_ceiling_for_trivial_questions() -> None:
     engine = ReplayEngine(records, seed=1)
     with serve_engine(engine) as live:
         body = _solve(live.url, questions=questions, budget=200).json()
+        with Client(live.url) as client:  # the client leaves the policy to the service
+            result = client.solve(questions, budget=200, answer="number")
+    assert result.budget.spent == 27 and result.budget.unspent == 173
     assert [a["answer"] for a in body["answers"]] == ["0", "7", "14"]
     # Nine unanimous votes bring ASC's P[p1 < p2] to 1e-3: each question stops there.
     assert [a["samples"] for a in body["answers"]] == [9, 9, 9]
     assert all(a["settled_early"] for a in body["answers"])
     assert body["budget"] == {"total": 200, "spent": 27, "unspent": 173}
-    assert engine.stats.samples == 27
+    assert engine.stats.samples == 2 * 27
 
 
 def test_a_question_whose_samples_keep_being_cut_stops_and_says_why() -> None:
