@@ -94,3 +94,8 @@ class Flatness:
     def share(self) -> float:
         """:func:`floor_share` of the estimate."""
         return floor_share(self.disagreement)
+
+    def cap(self, cap: float) -> float:
+        """``cap`` (a multiple of the budget), lowered to :func:`cap_multiple` of the estimate."""
+        learned = cap_multiple(self.disagreement)
+        return cap if learned is None else min(cap, learned)

@@ -69,12 +69,17 @@ class PoolSpec:
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
 
-    def rule(self, first_share: float = 0.0) -> StoppingRule:
-        """The stopping rule of a question whose first wave is ``first_share`` of the budget."""
+    def rule(self, flatness: Flatness | None = None) -> StoppingRule:
+        """The stopping rule of a question; its first wave and cap follow ``flatness``."""
         if self.budget_per_question is None:
             return StoppingRule(self.score, self.max_cap)
+        if flatness is None:
+            return StoppingRule.for_budget(self.budget_per_question, score=self.score, cap=self.cap)
         return StoppingRule.for_budget(
-            self.budget_per_question, score=self.score, cap=self.cap, first_share=first_share
+            self.budget_per_question,
+            score=self.score,
+            cap=flatness.cap(self.cap),
+            first_share=flatness.share,
         )
 
     def threshold(self) -> PacedThreshold:
@@ -150,8 +155,8 @@ class Pool:
 
     @property
     def rule(self) -> StoppingRule:
-        """The stopping rule of the next question: its first wave is what the pool learned."""
-        return self.spec.rule(self.flatness.share if self.threshold.paced else 0.0)
+        """The stopping rule of the next question: its first wave and cap as the pool learned."""
+        return self.spec.rule(self.flatness if self.threshold.paced else None)
 
     @property
     def tau(self) -> float:

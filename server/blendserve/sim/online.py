@@ -4,8 +4,9 @@ Questions arrive one at a time in a seeded random order (a client at
 concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
 until it stops, and the pacing controller learns ``tau`` from each finished
 question. Unless ``first`` fixes it, a question's first wave is the share of
-the budget that the stream's finished questions call for
-(:class:`~blendserve.core.flatness.Flatness`), as a ``/v1`` pool learns it.
+the budget that the stream's finished questions call for, and its cap is
+lowered on flat streams (:class:`~blendserve.core.flatness.Flatness`), as a
+``/v1`` pool learns them.
 The method's spec reads
 ``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5]``.
 """
@@ -121,13 +122,6 @@ def run_online(
         pace = PacedThreshold(None, log_tau=math.log(spec.target))
     else:
         pace = PacedThreshold(budget_per_question)
-    rule = StoppingRule.for_budget(
-        budget_per_question,
-        score=spec.score,
-        cap=spec.cap,
-        max_extra=spec.extra,
-        min_growth=spec.growth,
-    )
     flatness = Flatness()
     draws = AnswerDraws(dataset, seed)
     order = np.random.default_rng((seed, 1)).permutation(dataset.num_questions)
@@ -139,7 +133,10 @@ def run_online(
     for i, q in enumerate(order.tolist()):
         log_taus[i] = pace.log_tau
         share = flatness.share if spec.first is None else spec.first
-        question_rule = rule.with_first_share(share, budget_per_question)
+        question_rule = StoppingRule.for_budget(
+            budget_per_question, score=spec.score, cap=flatness.cap(spec.cap),
+            max_extra=spec.extra, min_growth=spec.growth, first_share=share,
+        )  # fmt: skip
         keys: list[int] = []
         while m := question_rule.wave_size(*votes.state(q), votes.num_samples[q], pace.log_tau):
             rounds[i] += 1

@@ -107,3 +107,13 @@ def test_no_regret_on_a_flat_family_at_sc32s_budget() -> None:
     blend = _wrong(dataset, [run_policy(dataset, PolicySpec("blend"), 32 * n, s) for s in seeds])
     assert hedge <= sc
     assert blend > sc  # what the default guards against: Blend-ASC loses here
+
+
+def test_a_flat_stream_lowers_its_cap_and_a_peaked_one_keeps_it() -> None:
+    flat, peaked = Flatness(), Flatness()
+    for _ in range(100):
+        flat.observe(("a", "b"))
+        peaked.observe(("a", "a"))
+    assert flat.cap(16.0) == pytest.approx(2.5 / flat.disagreement)
+    assert flat.cap(16.0) < 3.0
+    assert peaked.cap(16.0) == 16.0
