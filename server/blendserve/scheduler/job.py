@@ -12,7 +12,8 @@ close to its sequential ones:
   one chosen k times in a row goes out as one request with ``n = k``;
 - at most ``in_flight_per_question`` samples per open question are in
   flight (0.25: about four rounds per sample per question), and never more
-  than ``concurrency``; a lone open question has nothing left to rank and
+  than ``concurrency`` (two at least, so that one slow sample does not
+  hold up a small job); a lone open question has nothing left to rank and
   takes up to ``concurrency``, as many as it can take before it could stop
   (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`).
 
@@ -287,7 +288,8 @@ class Job:
         if policy.num_open == 1:  # nothing left to rank: only where it could stop
             return max(1, min(self.spec.concurrency, policy.num_pending + policy.lone_runway()))
         informed = math.ceil(self.spec.in_flight_per_question * policy.num_open)
-        return max(1, min(self.spec.concurrency, informed))
+        # Two at least, so that one slow sample does not hold up a small job.
+        return min(self.spec.concurrency, max(2, informed))
 
     def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
         """Fills the free slots one decision at a time; a question chosen k times gets ``n=k``."""
