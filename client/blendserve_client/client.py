@@ -15,7 +15,7 @@ from blendserve_client._request import (
     raise_for_error,
     solve_body,
 )
-from blendserve_client.models import Answer, Progress, SolveResult, parse_event
+from blendserve_client.models import Answer, Progress, SolveResult, StreamCollector, parse_event
 
 __all__ = ["AsyncClient", "Client", "StreamEvent"]
 
@@ -123,10 +123,10 @@ class Client:
             if not response.is_success:
                 response.read()
                 raise_for_error(response)
-            parser = SSEParser()
+            parser, collector = SSEParser(), StreamCollector()
             for line in response.iter_lines():
                 for name, data in parser.feed([line]):
-                    yield parse_event(name, data)
+                    yield collector.add(parse_event(name, data))
 
     def close(self) -> None:
         """Closes the connection pool."""
@@ -218,10 +218,10 @@ class AsyncClient:
             if not response.is_success:
                 await response.aread()
                 raise_for_error(response)
-            parser = SSEParser()
+            parser, collector = SSEParser(), StreamCollector()
             async for line in response.aiter_lines():
                 for name, data in parser.feed([line]):
-                    yield parse_event(name, data)
+                    yield collector.add(parse_event(name, data))
 
     async def aclose(self) -> None:
         """Closes the connection pool."""

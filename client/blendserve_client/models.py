@@ -79,6 +79,26 @@ class SolveResult(_Model):
         return {a.id: a for a in self.answers}
 
 
+class StreamCollector:
+    """Keeps a stream's answers, so that its final :class:`SolveResult` holds them all.
+
+    The service's ``done`` event carries the summary only (each answer went
+    out once, as it settled); the client's last event is the whole result.
+    """
+
+    def __init__(self) -> None:
+        self._answers: list[Answer] = []
+
+    def add(self, event: Answer | Progress | SolveResult) -> Answer | Progress | SolveResult:
+        """The event to hand on: answers are kept, the summary gets them in question order."""
+        if isinstance(event, Answer):
+            self._answers.append(event)
+        elif isinstance(event, SolveResult) and not event.answers:
+            answers = sorted(self._answers, key=lambda a: a.index)
+            return event.model_copy(update={"answers": answers})
+        return event
+
+
 def parse_event(name: str, data: dict[str, Any]) -> Answer | Progress | SolveResult:
     """The typed form of one streamed event."""
     if name == "answer":

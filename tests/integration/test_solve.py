@@ -318,6 +318,8 @@ def test_sync_client_solve_and_stream(server: LiveServer) -> None:
         events = list(client.stream(QUESTIONS, budget=30, answer="number"))
     assert isinstance(events[-1], SolveResult)
     assert sum(isinstance(e, Answer) for e in events) == 3
+    # The stream ends with the whole result, its answers in question order.
+    assert [a.id for a in events[-1].answers] == ["easy", "split", "sure"]
     assert all(isinstance(e, (Answer, Progress)) for e in events[:-1])
     with Client(server.url) as client, pytest.raises(APIError) as info:
         client.solve(QUESTIONS, budget=1)
@@ -336,6 +338,7 @@ def test_async_client(server: LiveServer) -> None:
     result, events = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert result.answers[0].id == "0"
     assert isinstance(events[-1], SolveResult) and events[-1].budget.spent == 9
+    assert [a.id for a in events[-1].answers] == ["easy", "split", "sure"]
 
 
 def test_cli_prints_answers_as_jsonl(server: LiveServer, tmp_path: Path) -> None:
