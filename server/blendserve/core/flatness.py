@@ -13,7 +13,7 @@ one.
 
 from __future__ import annotations
 
-__all__ = ["PROBE", "Flatness", "cap_multiple", "flatness_ramp", "floor_share"]
+__all__ = ["PROBE", "Flatness", "cap_multiple", "floor_share"]
 
 #: Samples of a question whose agreement measures flatness.
 PROBE = 2
@@ -27,7 +27,7 @@ _MAX_SHARE = 0.5
 _CAP_SCALE = 2.5
 
 
-def flatness_ramp(disagreement: float) -> float:
+def _ramp(disagreement: float) -> float:
     """0 up to a disagreement of 0.2 (peaked), rising linearly to 1 at 0.5 and above (flat)."""
     ramp = (disagreement - _FLAT_FROM) / (_FLAT_TO - _FLAT_FROM)
     return min(1.0, max(0.0, ramp))
@@ -35,7 +35,7 @@ def flatness_ramp(disagreement: float) -> float:
 
 def floor_share(disagreement: float) -> float:
     """Share of the mean budget every question gets uniformly: 0 when peaked, half when flat."""
-    return _MAX_SHARE * flatness_ramp(disagreement)
+    return _MAX_SHARE * _ramp(disagreement)
 
 
 def cap_multiple(disagreement: float) -> float | None:

@@ -17,7 +17,7 @@ Only the first wave is larger, a share of the budget (:meth:`StoppingRule.for_bu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
@@ -108,13 +108,9 @@ class StoppingRule:
         lowered the samples needed for SC@32's error by about 10%).
         """
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
-        rule = cls(score, max(1, round(limit)), min_growth)
-        return rule.with_first_share(first_share, budget_per_question)
-
-    def with_first_share(self, share: float, budget_per_question: float) -> StoppingRule:
-        """This rule with a first wave of at least ``share`` of the budget (within the cap)."""
-        first = min(self.max_num_samples, math.floor(share * budget_per_question))
-        return replace(self, min_first=max(0, first))
+        cap_samples = max(1, round(limit))
+        min_first = min(cap_samples, math.floor(first_share * budget_per_question))
+        return cls(score, cap_samples, min_growth, max(0, min_first))
 
     def log_uncertainty(self, n1: int, n2: int, num_distinct: int) -> float:
         """Log of the rule's uncertainty of vote state ``(n1, n2, K)``; larger is less sure."""
