@@ -168,7 +168,8 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
     assert result["status"] == "failed" and "in a row" in result["error"]
     answers = result["answers"]
     assert sorted(a["id"] for a in answers) == [q["id"] for q in QUESTIONS]
-    assert all(a["partial"] for a in answers)
+    # A question may settle (the default's ceiling) before the upstreams went down.
+    assert all(a["partial"] != a["settled_early"] for a in answers)
     assert all(a["answer"] in ANSWERS and a["samples"] > 0 for a in answers)
     counted = sum(a["samples"] for a in answers)
     assert counted == result["usage"]["samples"] == result["budget"]["spent"]
