@@ -11,11 +11,11 @@ RUN if [ -n "$EXTRAS" ]; then \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY server ./server
 COPY client ./client
 RUN python -m venv /opt/blendserve \
-    && /opt/blendserve/bin/pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}"
+    && /opt/blendserve/bin/pip install --no-cache-dir -c constraints.txt ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:${PYTHON}-slim
 RUN useradd --create-home --uid 10001 blendserve

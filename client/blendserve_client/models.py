@@ -30,11 +30,17 @@ class Usage(_Model):
 
 
 class Answer(_Model):
-    """One question's final answer."""
+    """One question's final answer.
+
+    ``answer`` is the winning key of ``votes`` (``"144"``, None when no sample
+    had one); ``answer_text`` is that answer as its first sample wrote it
+    (``"144.0"``), for display.
+    """
 
     index: int
     id: str
     answer: str | None
+    answer_text: str | None = None
     votes: dict[str, int]
     samples: int
     confidence: Confidence

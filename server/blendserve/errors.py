@@ -8,6 +8,7 @@
     ├── SchedulerError              a job could not run to completion
     ├── ServiceOverloaded           too many jobs or questions at once (``retry_after``)
     └── RequestValidationError      bad input from a caller (also a ValueError), with ``param``
+        └── ModelNotFound           the request names a model the engine does not serve
 
 Engines wrap httpx and vLLM errors at their seam (``raise ... from exc``);
 only the service layer maps these to HTTP status codes.
@@ -21,6 +22,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "ModelNotFound",
     "RequestValidationError",
     "SchedulerError",
     "ServiceOverloaded",
@@ -75,3 +77,24 @@ class RequestValidationError(BlendserveError, ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ModelNotFound(RequestValidationError):
+    """A request names a model the engine does not serve (``param`` is ``model``).
+
+    Args:
+        model: the name asked for.
+        served: the names the engine serves.
+    """
+
+    def __init__(self, model: str, served: list[str]) -> None:
+        names = ", ".join(repr(name) for name in served[:_NAMES_SHOWN])
+        if len(served) > _NAMES_SHOWN:
+            names += f" and {len(served) - _NAMES_SHOWN} more (GET /v1/models)"
+        super().__init__(
+            f"The model {model!r} does not exist here: this server serves {names}", param="model"
+        )
+        self.model = model
+
+
+_NAMES_SHOWN = 8  # served names a ModelNotFound message lists

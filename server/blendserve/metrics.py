@@ -7,7 +7,7 @@ Only the service imports this module: engines and schedulers report to a
 Names start with ``blendserve_`` and never contain "vllm": vLLM's in-process
 engine unregisters every collector whose name does. Labels are few-valued
 (upstream, endpoint, status); never a question id. With several worker
-processes, set ``PROMETHEUS_MULTIPROC_DIR`` before start (see the README).
+processes, set ``PROMETHEUS_MULTIPROC_DIR`` before start (see docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ COMPLETION_TOKENS = Counter(f"{_PREFIX}_completion_tokens", "Completion tokens o
 UPSTREAM_OUTCOMES = ("dispatched", "completed", "failed", "cancelled")
 UPSTREAM_SAMPLES = Counter(
     f"{_PREFIX}_upstream_samples",
-    "Samples by upstream and outcome: dispatched, then completed, failed or cancelled.",
+    "Samples by upstream and outcome: dispatched, then completed, failed or cancelled "
+    "(never made: withdrawn, or missing from an answer with fewer choices than n); "
+    "dispatched = completed + failed + cancelled + in flight.",
     ["upstream", "outcome"],
 )
 UPSTREAM_RETRIES = Counter(

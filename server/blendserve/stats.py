@@ -13,7 +13,11 @@ from typing import Final, Literal
 
 __all__ = ["NO_STATS", "JobReport", "Stats", "UpstreamOutcome"]
 
-#: What became of samples asked of an upstream: dispatched, then one of the others.
+#: What became of samples asked of an upstream: dispatched, then exactly one of
+#: completed (came back), failed, or cancelled (never made: the caller withdrew
+#: them, or the upstream answered with fewer choices than asked, as llama.cpp
+#: does for ``n``). Per upstream, dispatched = completed + failed + cancelled
+#: + those in flight.
 UpstreamOutcome = Literal["dispatched", "completed", "failed", "cancelled"]
 
 
@@ -32,7 +36,11 @@ class Stats:
         """``upstream`` takes requests (1), takes trials only (0.5) or is out (0)."""
 
     def upstream_samples(self, upstream: str, outcome: UpstreamOutcome, samples: int) -> None:
-        """``samples`` asked of ``upstream`` were dispatched, completed, failed or cancelled."""
+        """``samples`` asked of ``upstream`` were dispatched, completed, failed or cancelled.
+
+        Each dispatched sample is later reported once more, with its outcome
+        (see :data:`UpstreamOutcome`).
+        """
 
     def upstream_retry(self, upstream: str) -> None:
         """A request was retried at ``upstream``."""

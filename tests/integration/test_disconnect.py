@@ -27,12 +27,12 @@ V1 = {"blendserve": {"answer": "number", "budget_per_question": 16}}
 CASES = {
     "solve-json": ("/solve", {"questions": QUESTIONS, "budget": 30}),
     "solve-sse": ("/solve", {"questions": QUESTIONS, "budget": 30, "stream": True}),
-    "v1-chat": ("/v1/chat/completions", {"model": "m", "messages": MESSAGES, **V1}),
+    "v1-chat": ("/v1/chat/completions", {"model": "fake-model", "messages": MESSAGES, **V1}),
     "v1-chat-stream": (
         "/v1/chat/completions",
-        {"model": "m", "messages": MESSAGES, "stream": True, **V1},
+        {"model": "fake-model", "messages": MESSAGES, "stream": True, **V1},
     ),
-    "v1-completions": ("/v1/completions", {"model": "m", "prompt": ["a?", "b?"], **V1}),
+    "v1-completions": ("/v1/completions", {"model": "fake-model", "prompt": ["a?", "b?"], **V1}),
 }
 
 

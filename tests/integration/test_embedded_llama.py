@@ -19,7 +19,8 @@ from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer, ens
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
-from tests.support.live import LiveServer
+from tests.integration.test_metrics import assert_samples_add_up, upstream_samples
+from tests.support.live import LiveServer, serve_engine
 
 T = TypeVar("T")
 QUESTIONS = [
@@ -30,6 +31,7 @@ QUESTIONS = [
     ("A pen costs 2 dollars. How much do 7 pens cost in dollars?", "14"),
 ]
 INSTRUCTION = " Answer in one or two short sentences and end with the final number."
+MODEL = "qwen2.5-coder-0.5b"
 
 
 def _run(coro: Coroutine[Any, Any, T], timeout: float = 240) -> T:
@@ -39,7 +41,7 @@ def _run(coro: Coroutine[Any, Any, T], timeout: float = 240) -> T:
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedLlamaServer]:
     cache = Path(tempfile.gettempdir()) / "blendserve-models"
-    live = EmbeddedLlamaServer(ensure_model("qwen2.5-coder-0.5b", cache), n_ctx=2048)
+    live = EmbeddedLlamaServer(ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048)
     _run(live.start())
     yield live
     _run(live.aclose())
@@ -149,6 +151,33 @@ def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
     assert all(a["samples"] >= 1 for a in result["answers"])
 
 
+class _Borrowed(EmbeddedEngine):
+    """The embedded engine over the module's server, which outlives it."""
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_samples_add_up_on_the_embedded_engine(server: EmbeddedLlamaServer) -> None:
+    # Streamed, as the embedded default runs: llama.cpp answers n=4 with one choice.
+    engine = _Borrowed(server, OpenAIEngine([server.base_url], timeout=120, stream=True))
+    question = {"messages": [{"role": "user", "content": QUESTIONS[3][0] + INSTRUCTION}]}
+    with serve_engine(engine) as live:
+        before = upstream_samples(live.url, server.base_url)
+        body = {
+            "questions": [question],
+            "budget": 4,
+            "concurrency": 4,  # a lone question: one request for n=4
+            "answer": {"kind": "number"},
+            "sampling": {"temperature": 0.7, "max_tokens": 60},
+        }  # fmt: skip
+        result = httpx.post(f"{live.url}/solve", json=body, timeout=240).json()
+        after = upstream_samples(live.url, server.base_url)
+    assert result["status"] == "completed" and result["budget"]["spent"] == 4
+    assert after["cancelled"] - before["cancelled"] == 3  # the short answer's missing samples
+    assert_samples_add_up(before, after, result)
+
+
 def test_token_id_prompts_reach_llama_cpp_as_its_own_text(server: EmbeddedLlamaServer) -> None:
     text = f"Question: {QUESTIONS[1][0]}\nAnswer:"
     root = server.base_url.removesuffix("/v1")
@@ -181,10 +210,16 @@ def test_passthrough_streams_token_by_token(server: EmbeddedLlamaServer) -> None
 
     with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        # llama.cpp lists the model by its name, not its file: other names are refused.
+        assert [m.id for m in client.models.list()] == [MODEL]
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="Qwen/Qwen2.5-7B-Instruct", messages=[{"role": "user", "content": "hi"}]
+            )
         started = time.monotonic()
         arrivals: list[tuple[float, str]] = []
         for chunk in client.chat.completions.create(
-            model="local",
+            model=MODEL,
             messages=[{"role": "user", "content": "Count from one to twenty in words."}],
             max_tokens=40,
             temperature=0,

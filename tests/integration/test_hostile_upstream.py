@@ -25,7 +25,7 @@ from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
 OFF = {"blendserve": {"enabled": False}}
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
 SOLVE = {"questions": [{"id": "q", "messages": CHAT["messages"]}], "budget": 2}
 
 

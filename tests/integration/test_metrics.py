@@ -1,16 +1,19 @@
 """``/metrics`` after real jobs: a live server over the replay engine."""
 
 import re
+from typing import Any
 
 import httpx
-from blendserve.engines.openai import normalise_base_url
+import pytest
+from blendserve.engines.openai import OpenAIEngine, normalise_base_url
 from blendserve.engines.replay import ReplayEngine
+from blendserve.metrics import UPSTREAM_OUTCOMES
 from blendserve.service import Settings, create_app
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer
-from tests.support.live import LiveServer
+from tests.support.fake_openai import FakeServer, FakeState
+from tests.support.live import LiveServer, serve_engine
 
 RECORDS = [
     {"id": "a", "prompt": "A?", "answers": ["1"] * 9 + ["2"]},
@@ -90,3 +93,48 @@ def test_a_fresh_server_exports_each_upstream_series_at_zero() -> None:
     assert scraped.get(duration) == 0.0
     assert scraped.get(("blendserve_upstream_healthy", (("upstream", label),))) == 1.0
     assert upstream.state.requests == 0
+
+
+def upstream_samples(url: str, upstream: str) -> dict[str, float]:
+    """``upstream``'s samples by outcome, as the server at ``url`` exports them now."""
+    scraped = _scrape(url)
+    name = "blendserve_upstream_samples_total"
+    return {o: _value(scraped, name, upstream=upstream, outcome=o) for o in UPSTREAM_OUTCOMES}
+
+
+def assert_samples_add_up(
+    before: dict[str, float], after: dict[str, float], result: dict[str, Any]
+) -> None:
+    """Each dispatched sample has one outcome, and a /solve result counts those completed."""
+    dispatched, completed, failed, cancelled = (after[o] - before[o] for o in UPSTREAM_OUTCOMES)
+    assert dispatched == completed + failed + cancelled > 0  # nothing in flight
+    answers = result["answers"]
+    assert all(a["samples"] == a["usage"]["samples"] for a in answers)
+    assert sum(a["samples"] for a in answers) == result["usage"]["samples"]
+    assert result["usage"]["samples"] == result["budget"]["spent"] == completed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_samples_add_up_on_an_upstream_that_ignores_n(stream: bool) -> None:
+    state = FakeState(honour_n=False, answers=("1", "2", "3"))
+    with FakeServer(state) as upstream:
+        engine = OpenAIEngine([upstream.url], stream=stream)
+        label = normalise_base_url(upstream.url)
+        with serve_engine(engine) as live:
+            before = upstream_samples(live.url, label)
+            body = {
+                "questions": [
+                    {"id": str(i), "messages": [{"role": "user", "content": f"Q{i}?"}]}
+                    for i in range(3)
+                ],
+                "budget": 24,
+                "answer": {"kind": "number"},
+                "concurrency": 8,
+                "in_flight_per_question": 2,
+            }
+            result = httpx.post(f"{live.url}/solve", json=body, timeout=30).json()
+            after = upstream_samples(live.url, label)
+    assert result["status"] == "completed" and result["budget"]["spent"] == 24
+    assert max(b.get("n", 1) for b in state.bodies) > 1  # answered short, then topped up
+    assert after["cancelled"] > before["cancelled"]
+    assert_samples_add_up(before, after, result)

@@ -45,8 +45,8 @@ def upstream() -> Iterator[FakeServer]:
         yield fake
 
 
-def _complete(url: str, **body: Any) -> dict[str, Any]:
-    response = httpx.post(f"{url}/v1/completions", json={"model": "m", **body}, timeout=30)
+def _complete(url: str, model: str = "replay", **body: Any) -> dict[str, Any]:
+    response = httpx.post(f"{url}/v1/completions", json={"model": model, **body}, timeout=30)
     assert response.status_code == 200, response.text
     reply: dict[str, Any] = response.json()
     return reply
@@ -91,12 +91,14 @@ def test_each_prompt_of_a_batch_gets_its_own_samples(
 
 def test_token_ids_reach_an_openai_upstream_as_ids(upstream: FakeServer) -> None:
     with serve_engine(OpenAIEngine([upstream.url])) as live:
-        voted = _complete(live.url, prompt=[TOKENS], blendserve=SC)
+        voted = _complete(live.url, "fake-model", prompt=[TOKENS], blendserve=SC)
         sent = [b["prompt"] for b in upstream.state.bodies]
         assert sent and all(p == TOKENS for p in sent)
         assert voted["blendserve"][0]["samples"] == upstream.state.samples_served
         upstream.state.bodies.clear()
-        passed = _complete(live.url, prompt=[TOKENS, TOKENS], blendserve={"enabled": False})
+        passed = _complete(
+            live.url, "fake-model", prompt=[TOKENS, TOKENS], blendserve={"enabled": False}
+        )
     assert [b["prompt"] for b in upstream.state.bodies] == [[TOKENS, TOKENS]]
     assert "blendserve" not in upstream.state.bodies[0]
     assert passed["id"].startswith("cmpl-up")  # the upstream's own reply
@@ -129,14 +131,14 @@ def test_token_ids_pass_through_on_an_engine_without_upstream(
 def test_bad_prompts_are_a_422_naming_their_param(
     server: LiveServer, body: dict[str, Any], param: str
 ) -> None:
-    error = _error(server.url, "/v1/completions", {"model": "m", **body})
+    error = _error(server.url, "/v1/completions", {"model": "replay", **body})
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert error["message"].startswith(f"{param}: ")
 
 
 def test_loglikelihood_requests_are_a_clear_422(server: LiveServer) -> None:
     # What lm-eval sends for a loglikelihood task: voting needs generations.
-    body = {"model": "m", "prompt": "fine", "max_tokens": 1, "logprobs": 1, "echo": True}
+    body = {"model": "replay", "prompt": "fine", "max_tokens": 1, "logprobs": 1, "echo": True}
     error = _error(server.url, "/v1/completions", body)
     assert error["param"] == "logprobs" and "self-consistency" in error["message"]
 
@@ -147,14 +149,18 @@ def test_a_question_whose_every_sample_was_cut_says_length(server: LiveServer) -
     assert cut["finish_reason"] == "length" and cut["text"]
     assert reply["blendserve"][0]["answer"] is None
     assert fine["finish_reason"] == "stop" and extract(fine["text"], "number") == "5"
-    body = {"model": "m", "prompt": "Too long?", "stream": True, "blendserve": SC}
+    body = {"model": "replay", "prompt": "Too long?", "stream": True, "blendserve": SC}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as stream:
         text = "".join(stream.iter_lines())
     assert '"finish_reason": "length"' in text and '"finish_reason": "stop"' not in text
 
 
 def test_a_truncated_chat_answer_says_length(server: LiveServer) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "Too long?"}], "blendserve": SC}
+    body = {
+        "model": "replay",
+        "messages": [{"role": "user", "content": "Too long?"}],
+        "blendserve": SC,
+    }
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
     (choice,) = response.json()["choices"]
     assert choice["finish_reason"] == "length" and choice["message"]["content"]
@@ -182,7 +188,7 @@ def test_an_operator_greedy_temperature_samples_greedy_requests(upstream: FakeSe
     engine = OpenAIEngine([upstream.url])
     with serve_engine(engine, sc_greedy_temperature=0.7) as live:
         body = {
-            "model": "m",
+            "model": "fake-model",
             "messages": [{"role": "user", "content": "hi"}],
             "temperature": 0,
             "blendserve": SC,

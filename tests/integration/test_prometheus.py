@@ -121,7 +121,7 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, Path]) -> Non
             solved = httpx.post(f"{live.url}/solve", json=body, timeout=60)
             assert solved.status_code == 200 and solved.json()["status"] == "completed"
             chat = {
-                "model": "m",
+                "model": "fake-model",
                 "messages": [{"role": "user", "content": "hi"}],
                 "blendserve": {"budget_per_question": 4, "answer": "exact"},
             }

@@ -144,6 +144,8 @@ class EmbeddedLlamaServer:
 
     Args:
         model_path: the GGUF file.
+        model_name: the name it serves the model under (its ``/v1/models``
+            id); None: the file's path, llama.cpp's default.
         n_ctx: context length.
         n_threads: CPU threads (default: all cores).
         startup_timeout: seconds to wait for the server to answer.
@@ -153,11 +155,13 @@ class EmbeddedLlamaServer:
         self,
         model_path: Path,
         *,
+        model_name: str | None = None,
         n_ctx: int = 4096,
         n_threads: int | None = None,
         startup_timeout: float = 120.0,
     ) -> None:
         self.model_path = model_path
+        self.model_name = model_name
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.startup_timeout = startup_timeout
@@ -203,6 +207,8 @@ class EmbeddedLlamaServer:
             # Otherwise concurrent streams are cut after one chunk.
             "--interrupt_requests", "False",
         ]  # fmt: skip
+        if self.model_name is not None:
+            command += ["--model_alias", self.model_name]
         self._process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -322,7 +328,9 @@ class EmbeddedEngine(Engine, PassThrough):
         return EngineHealth(state.healthy and self.server.running, state.upstreams)
 
     async def models(self) -> list[str]:
-        """The local model's name."""
+        """The local model's name (the ``embedded_model`` setting), else the server's list."""
+        if self.server.model_name is not None:
+            return [self.server.model_name]
         return await self.inner.models()
 
     async def aclose(self) -> None:
@@ -343,14 +351,15 @@ async def create_embedded_engine(
 ) -> EmbeddedEngine:
     """Prepares the model, starts the server and returns the engine that owns it.
 
-    The engine reports to ``sink``.
+    The model is served under ``model``, its name in :data:`MODELS`
+    (``/v1/models`` lists it). The engine reports to ``sink``.
 
     Raises:
         EngineUnavailable: see :func:`ensure_model` and :meth:`EmbeddedLlamaServer.start`.
     """
     cache = cache_dir or Path(tempfile.gettempdir()) / "blendserve-models"
     path = await asyncio.to_thread(ensure_model, model, cache)
-    server = EmbeddedLlamaServer(path, n_ctx=n_ctx)
+    server = EmbeddedLlamaServer(path, model_name=model, n_ctx=n_ctx)
     await server.start()
     # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
     inner = OpenAIEngine([server.base_url], timeout=timeout, stream=True, sink=sink)

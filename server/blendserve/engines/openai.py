@@ -16,6 +16,9 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   it. An upstream that returns fewer choices than asked (llama.cpp ignores
   ``n``) is remembered as not honouring ``n``; the missing samples are topped
   up with single requests, and later calls to it send ``n`` single requests.
+  The missing samples count as ``cancelled`` at that upstream (the top-ups
+  are dispatched anew), so that per upstream ``dispatched = completed +
+  failed + cancelled`` plus those in flight.
   Single requests carry distinct seeds: ``seed + i`` for the ``i``-th sample
   when a seed was given, else random distinct seeds. A call returns exactly
   ``n`` samples or raises; samples of a failed call are dropped, never reused.
@@ -349,18 +352,16 @@ class OpenAIEngine(Engine, PassThrough):
         except httpx.RequestError as exc:
             self.sink.upstream_samples(url, "failed", want)
             raise EngineProtocolError(f"{url}: unusable response: {exc}") from exc
+        except EngineProtocolError:  # an unusable stream
+            self.sink.upstream_samples(url, "failed", want)
+            raise
         except BaseException:  # cancelled: not the upstream's failure
             self.sink.upstream_samples(url, "cancelled", want)
             raise
         status = response.status_code
         if 200 <= status < 300:
             self._replicas.record_success(replica)
-            samples = parse_response(response, path == CHAT, want, url)
-            if want > 1 and self._n_support == "auto":
-                replica.n_honoured = len(samples) == want
-            self.sink.upstream_samples(url, "completed", len(samples))
-            self.sink.upstream_latency(url, time.monotonic() - sent)
-            return samples
+            return self._answered(replica, response, path == CHAT, want, sent)
         error = httpx.HTTPStatusError(
             f"{url}{path} answered {status}: {error_message(response)}",
             request=response.request,
@@ -373,6 +374,31 @@ class OpenAIEngine(Engine, PassThrough):
         if status >= 500:
             self._upstreams.failed(replica)
         return error, retry_after(response)
+
+    def _answered(
+        self, replica: Replica, response: httpx.Response, chat: bool, want: int, sent: float
+    ) -> list[Sample]:
+        """The samples of a 2xx answer; each of the ``want`` asked for gets its outcome.
+
+        Those it lacks (llama.cpp ignores ``n``) count as cancelled: never made,
+        and asked for anew by :meth:`_generate`.
+
+        Raises:
+            EngineProtocolError: an unusable body (all ``want`` failed).
+        """
+        url = replica.url
+        try:
+            samples = parse_response(response, chat, want, url)
+        except EngineProtocolError:
+            self.sink.upstream_samples(url, "failed", want)
+            raise
+        if want > 1 and self._n_support == "auto":
+            replica.n_honoured = len(samples) == want
+        self.sink.upstream_samples(url, "completed", len(samples))
+        if len(samples) < want:
+            self.sink.upstream_samples(url, "cancelled", want - len(samples))
+        self.sink.upstream_latency(url, time.monotonic() - sent)
+        return samples
 
     # -- pass-through, health ----------------------------------------------------
 

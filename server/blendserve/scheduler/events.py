@@ -60,8 +60,10 @@ class AnswerEvent:
     Attributes:
         index: position of the question in the job.
         id: the question's id.
-        answer: the winning extracted answer (None: no sample had one).
-        key: its canonical voting key.
+        answer: the winning answer as its first sample wrote it (``144.0``;
+            None: no sample had one); for display only.
+        key: its canonical voting key (``144``), a key of ``votes``: what the
+            service reports as ``answer`` (and this field as ``answer_text``).
         votes: canonical key -> votes.
         samples: samples spent on the question (abstentions included).
         confidence: how sure the vote is.

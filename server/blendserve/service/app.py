@@ -20,6 +20,7 @@ from blendserve.service.observability import router as metrics_router
 from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.online import DropIn, OnlinePools
 from blendserve.service.openai.routes import router as openai_router
+from blendserve.service.openai.served import ServedModels
 from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.prometheus import PrometheusStats
 from blendserve.service.security import ApiKeyAuth
@@ -60,6 +61,9 @@ def create_app(
         engine.report_to(sink)  # its jobs and pools report where it does
         app.state.engine = engine
         app.state.settings = settings
+        app.state.served_models = ServedModels(
+            engine, allow_aliases=settings.allow_model_aliases, default=settings.model
+        )
         keys = answer_keys if answer_keys is not None else answers.AnswerKeys()
         app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         app.state.limits = JobLimits(

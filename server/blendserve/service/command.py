@@ -6,95 +6,67 @@ import argparse
 import gc
 import signal
 import sys
-from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
 from blendserve.service.settings import Settings
 
-__all__ = ["add_parser", "run"]
-
-# flags that override the Settings field of the same name
-_FLAGS = (
-    "engine", "upstreams", "model", "data", "vllm_model", "embedded_model", "host", "port",
-    "log_level", "group_wait_ms", "group_max", "sc_budget_per_question", "sc_policy",
-    "sc_greedy_temperature",
-    "api_key_file", "metrics_auth", "replay_latency_s", "shutdown_grace_s",
-)  # fmt: skip
-
+__all__ = ["add_parser", "read_settings", "run", "settings_source"]
 
 #: The collector's thresholds while serving (CPython's default: 700, 10, 10). A large
 #: job's requests and samples live for milliseconds, long enough to outlive two young
 #: collections at 700 allocations each; so many reached the oldest generation that it
 #: was collected about once a second, 100-400 ms each time with ten 10,000-question
 #: jobs running, holding the event loop. At 10,000 few do: one full collection or none
-#: in 25 s, for young ones of 30-200 ms now and then (README, "Abuse").
+#: in 25 s, for young ones of 30-200 ms now and then (docs/benchmarks.md, "Abuse").
 _GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Registers the ``serve`` subcommand."""
+    """Registers the ``serve`` subcommand: one flag per :class:`Settings` field."""
     parser = subparsers.add_parser(
         "serve",
         help="run the HTTP service",
-        description="Serves blendserve on one engine: --upstream URL (OpenAI-compatible, "
+        description="Serves blendserve on one engine: --upstreams URL (OpenAI-compatible, "
         "repeatable), --engine replay --data FILE, --vllm-model NAME, or, with none of "
-        "these, the embedded llama.cpp default. Flags override BLENDSERVE_* variables.",
+        "these, the embedded llama.cpp default. Every flag --foo-bar also reads "
+        "BLENDSERVE_FOO_BAR from the environment; a flag overrides its variable.",
     )
-    parser.add_argument("--engine", choices=["auto", "openai", "replay", "vllm", "embedded"])
-    parser.add_argument("--upstream", action="append", dest="upstreams", metavar="URL")
-    parser.add_argument("--model", help="model name sent upstream")
-    parser.add_argument("--data", type=Path, help="recorded answers for the replay engine")
-    parser.add_argument("--vllm-model", help="run this model with vLLM in-process")
-    parser.add_argument("--embedded-model", help="model of the embedded default")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--log-level")
+    source = settings_source(parser)
     parser.add_argument(
-        "--group-wait-ms", type=float, help="/v1 requests gathered into one job (default 50)"
+        "--upstream", action="append", dest="upstreams", metavar="URL", help="as --upstreams"
     )
-    parser.add_argument("--group-max", type=int, help="questions that start a group (256)")
-    parser.add_argument(
-        "--sc-budget-per-question", type=float, help="/v1 samples per question (default 8)"
+    parser.set_defaults(handler=run, settings_source=source)
+
+
+def settings_source(parser: argparse.ArgumentParser) -> CliSettingsSource[Settings]:
+    """Adds a flag for every :class:`Settings` field to ``parser``; reads them back."""
+    return CliSettingsSource(
+        Settings,
+        root_parser=parser,
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_hide_none_type=True,
+        cli_avoid_json=True,
     )
-    parser.add_argument("--sc-policy", help="/v1 allocation policy (default blend)")
-    parser.add_argument(
-        "--sc-greedy-temperature",
-        type=float,
-        help="/v1 requests with temperature 0 are sampled at this with their whole budget "
-        "(default: unset, such a request gets one greedy sample)",
-    )
-    parser.add_argument(
-        "--api-key-file",
-        type=Path,
-        help="accepted bearer keys, one a line (with BLENDSERVE_API_KEYS)",
-    )
-    parser.add_argument(
-        "--metrics-auth",
-        action="store_true",
-        default=None,
-        help="ask for an API key on /metrics too (open by default)",
-    )
-    parser.add_argument(
-        "--replay-latency-s", type=float, help="replay engine: seconds each request takes"
-    )
-    parser.add_argument(
-        "--shutdown-grace-s",
-        type=float,
-        help="on SIGTERM, running jobs get this long before they are cancelled (default 30)",
-    )
-    parser.set_defaults(handler=run)
+
+
+def read_settings(args: argparse.Namespace) -> Settings:
+    """The settings of a parsed ``serve`` command line, over the environment.
+
+    Raises:
+        ValidationError: a flag or variable has a value the setting does not take.
+    """
+    source: CliSettingsSource[Settings] = args.settings_source
+    return Settings(_cli_settings_source=source(parsed_args=args))
 
 
 def run(args: argparse.Namespace) -> int:
     """Starts uvicorn; bad settings are one line on stderr and exit code 2."""
-    overrides: dict[str, Any] = {
-        name: value for name in _FLAGS if (value := getattr(args, name)) is not None
-    }
     try:
-        settings = Settings(**overrides)
+        settings = read_settings(args)
     except ValidationError as exc:
         first = exc.errors()[0]
         print(f"blendserve serve: error: {first['loc'][0]}: {first['msg']}", file=sys.stderr)

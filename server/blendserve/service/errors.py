@@ -20,6 +20,7 @@ from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
+    ModelNotFound,
     RequestValidationError,
     ServiceOverloaded,
 )
@@ -40,6 +41,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 def status_for(exc: BaseException) -> int:
     """HTTP status for an exception raised below the service."""
+    if isinstance(exc, ModelNotFound):
+        return 404
     if isinstance(exc, RequestValidationError):
         return 422
     if isinstance(exc, ServiceOverloaded):
@@ -69,7 +72,8 @@ class ErrorResponse(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "the body cannot be read (not UTF-8)",
     401: "missing or invalid API key",
-    404: "no such endpoint (here, or on the upstream)",
+    404: "no such endpoint (here, or on the upstream), or no such model "
+    '(error.code "model_not_found", error.param "model")',
     413: "request body too large",
     422: "invalid request (the field at fault in error.param)",
     429: "too much work running: retry after Retry-After seconds",
@@ -128,7 +132,10 @@ async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
     status = status_for(exc)
     param = getattr(exc, "param", None)
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServiceOverloaded) else None
-    body = error_body(str(exc), type(exc).__name__, status, param)
+    if isinstance(exc, ModelNotFound):  # as OpenAI words it, for clients that look
+        body = error_body(str(exc), "invalid_request_error", "model_not_found", param)
+    else:
+        body = error_body(str(exc), type(exc).__name__, status, param)
     return JSONResponse(body, status, headers=headers)
 
 

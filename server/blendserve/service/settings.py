@@ -26,13 +26,21 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BLENDSERVE_", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    engine: EngineKind = "auto"
-    upstreams: Annotated[tuple[str, ...], NoDecode] = ()
-    model: str | None = None
-    upstream_api_key: str | None = None
-    upstream_timeout: float = Field(600.0, gt=0)
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on")
+    engine: EngineKind = Field(
+        "auto",
+        description="auto: openai with upstreams, else replay with data, else vllm with "
+        "vllm-model, else the embedded llama.cpp default",
+    )
+    upstreams: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="OpenAI-compatible base URLs (repeat, or a comma-separated list)"
+    )
+    model: str | None = Field(
+        None, description="model name sent upstream (unset: the upstream's own)"
+    )
+    upstream_api_key: str | None = Field(None, description="bearer key sent to the upstreams")
+    upstream_timeout: float = Field(600.0, gt=0, description="seconds an upstream request may take")
     job_failure_timeout: float = Field(
         5.0, ge=0, description="seconds a job outlives every upstream being down"
     )
@@ -43,55 +51,95 @@ class Settings(BaseSettings):
     upstream_max_response_bytes: int = Field(
         64 << 20, ge=1024, description="an upstream response over this fails (or is cut)"
     )
-    data: Path | None = None
-    embedded_model: str = "qwen2.5-coder-0.5b"
-    model_cache_dir: Path = Path.home() / ".cache" / "blendserve" / "models"
-    vllm_model: str | None = None
-    default_concurrency: int = Field(64, ge=1, description="samples in flight per job")
+    data: Path | None = Field(None, description="recorded answers (JSONL) for the replay engine")
+    embedded_model: str = Field("qwen2.5-coder-0.5b", description="model of the embedded default")
+    model_cache_dir: Path = Field(
+        Path("~/.cache/blendserve/models"), description="where the embedded model is kept"
+    )
+    vllm_model: str | None = Field(None, description="run this model with vLLM in-process (GPU)")
+    default_concurrency: int = Field(
+        64, ge=1, description="/solve: samples in flight per job at most"
+    )
     default_in_flight_per_question: float = Field(
         DEFAULT_IN_FLIGHT_PER_QUESTION,
         gt=0,
         description="samples in flight per open question of a job",
     )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
-    sc_budget_per_question: float = Field(8.0, gt=0, description="samples per question")
-    sc_policy: str = DEFAULT_POLICY
-    sc_answer: Literal["auto", "number", "math", "choice", "exact"] = "auto"
-    sc_settle_delta: float = Field(0.0, ge=0, lt=1)
+    sc_budget_per_question: float = Field(8.0, gt=0, description="/v1: mean samples per question")
+    sc_policy: str = Field(DEFAULT_POLICY, description="/v1 grouped jobs' allocation policy")
+    sc_answer: Literal["auto", "number", "math", "choice", "exact"] = Field(
+        "auto", description="/v1 answer format when a request names none"
+    )
+    sc_settle_delta: float = Field(
+        0.0, ge=0, lt=1, description="/v1 grouped jobs: a question settles at this confidence gap"
+    )
     sc_greedy_temperature: float | None = Field(
         None, gt=0, le=2, description="sample temperature-0 requests at this (unset: one sample)"
     )
     sc_mode: Literal["online", "grouped"] = Field(
         "online", description="online: per-question stopping paced to the budget; grouped: jobs"
     )
-    sc_score: Literal["asc", "ppr"] = Field("asc", description="uncertainty online stopping uses")
-    sc_cap: float = Field(DEFAULT_CAP, ge=1, description="online cap, a multiple of the budget")
-    group_wait_ms: float = Field(50.0, ge=0, description="how long a group waits for more")
-    group_max: int = Field(256, ge=1, description="questions that start a group at once")
-    log_level: str = "info"
-    keep_alive_s: int = Field(75, ge=1, description="idle client connections are kept this long")
+    sc_score: Literal["asc", "ppr"] = Field(
+        "asc", description="/v1 online: the uncertainty its stopping uses"
+    )
+    sc_cap: float = Field(
+        DEFAULT_CAP, ge=1, description="/v1 online: a question's cap, a multiple of the mean"
+    )
+    group_wait_ms: float = Field(
+        50.0, ge=0, description="/v1 grouped: ms a group waits for more requests"
+    )
+    group_max: int = Field(
+        256, ge=1, description="/v1 grouped: questions that start a group at once"
+    )
+    allow_model_aliases: bool = Field(
+        False,
+        description="/v1: accept any model name, as the served model (else a name that "
+        "GET /v1/models does not list is a 404)",
+    )
+    log_level: str = Field("info", description="uvicorn's log level")
+    keep_alive_s: int = Field(75, ge=1, description="seconds an idle client connection is kept")
     # Slow or silent clients (see blendserve.service.connections).
-    header_timeout_s: float = Field(10.0, gt=0, description="a request's headers arrive within")
-    body_timeout_s: float = Field(60.0, gt=0, description="a request's body arrives within")
-    write_timeout_s: float = Field(30.0, gt=0, description="a client reading nothing is cut")
-    replay_latency_s: float = Field(0.0, ge=0, description="replay engine: seconds a request")
-    # Security and limits (see the README's "Security and limits").
-    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
-    api_key_file: Path | None = None
+    header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's headers may take")
+    body_timeout_s: float = Field(60.0, gt=0, description="seconds a request's body may take")
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="seconds a client may read nothing before it is cut"
+    )
+    replay_latency_s: float = Field(
+        0.0, ge=0, description="replay engine: seconds each request takes"
+    )
+    # Security and limits (see docs/operations.md).
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="accepted bearer keys, comma-separated (prefer api-key-file)"
+    )
+    api_key_file: Path | None = Field(None, description="accepted bearer keys, one a line")
     metrics_auth: bool = Field(False, description="ask for a key on /metrics too")
-    max_questions_per_job: int = Field(10_000, ge=1)
-    max_budget_per_job: int = Field(1_000_000, ge=1)
-    max_budget_per_question: float = Field(10_000, gt=0)
-    max_prompt_bytes: int = Field(1 << 20, ge=1, description="per question")
-    max_body_bytes: int = Field(16 << 20, ge=1)
-    max_concurrent_jobs: int = Field(64, ge=1, description="/solve jobs and /v1 requests")
-    max_queued_questions: int = Field(100_000, ge=1)
-    shutdown_grace_s: float = Field(30.0, ge=0, description="running jobs get this on SIGTERM")
+    max_questions_per_job: int = Field(10_000, ge=1, description="questions per job (more: 422)")
+    max_budget_per_job: int = Field(1_000_000, ge=1, description="samples per job (more: 422)")
+    max_budget_per_question: float = Field(
+        10_000, gt=0, description="samples per question on average (more: 422)"
+    )
+    max_prompt_bytes: int = Field(
+        1 << 20, ge=1, description="UTF-8 bytes of one prompt (more: 422)"
+    )
+    max_body_bytes: int = Field(16 << 20, ge=1, description="bytes of a request body (more: 413)")
+    max_concurrent_jobs: int = Field(
+        64, ge=1, description="/solve jobs and /v1 requests at once (more: 429)"
+    )
+    max_queued_questions: int = Field(
+        100_000, ge=1, description="questions running at once (more: 429)"
+    )
+    shutdown_grace_s: float = Field(30.0, ge=0, description="seconds running jobs get on SIGTERM")
 
     @field_validator("sc_policy")
     @classmethod
     def _servable(cls, value: str) -> str:
         return check_policy(value)
+
+    @field_validator("data", "model_cache_dir", "api_key_file")
+    @classmethod
+    def _expand_home(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser()
 
     @field_validator("upstreams", "api_keys", mode="before")
     @classmethod

@@ -26,6 +26,8 @@ __all__ = [
     "POLICY_PATTERN",
     "SERVING_POLICIES",
     "AnswerFormat",
+    "AnswerKeyOut",
+    "AnswerTextOut",
     "ChatMessages",
     "ConfidenceOut",
     "SamplingFields",
@@ -247,9 +249,14 @@ class ConfidenceOut(BaseModel):
 
 
 def vote_fields(event: AnswerEvent) -> dict[str, Any]:
-    """How an answer event's question was voted, as both routes report it."""
+    """How an answer event's question was voted, as both routes report it.
+
+    ``answer`` is the winning voting key, so that it is always a key of
+    ``votes``; ``answer_text`` is that answer as its first sample wrote it.
+    """
     return {
-        "answer": event.answer,
+        "answer": event.key,
+        "answer_text": event.answer,
         "votes": event.votes,
         "samples": event.samples,
         "confidence": ConfidenceOut(**asdict(event.confidence)),
@@ -259,6 +266,23 @@ def vote_fields(event: AnswerEvent) -> dict[str, Any]:
     }
 
 
+#: The voted answer, as both routes report it: the winning key of ``votes``.
+AnswerKeyOut = Annotated[
+    str | None,
+    Field(
+        description="the winning answer in the form its votes are keyed by: the key of votes "
+        'with the most votes (e.g. "144" for samples answering 144, 144.0 or \\boxed{144}); '
+        "null when no sample had an answer"
+    ),
+]
+#: The voted answer as a sample wrote it, as both routes report it.
+AnswerTextOut = Annotated[
+    str | None,
+    Field(
+        description="the winning answer as the first sample that gave it wrote it (e.g. "
+        '"144.0" where answer is "144"): for display only, votes are keyed by answer'
+    ),
+]
 #: Why a question stopped early, as both routes report it.
 StoppedOut = Annotated[
     Literal["truncated"] | None,

@@ -1,4 +1,4 @@
-"""The paper's sample-efficiency measurement (README, "Simulator").
+"""The paper's sample-efficiency measurement (docs/policies.md, "Simulator").
 
 For a target SC@x, the reducible error of SC with x samples per question is
 the bar; for each method we find the least mean samples per question with

@@ -1,9 +1,17 @@
+import asyncio
 import hashlib
 import importlib
 from pathlib import Path
 
 import pytest
-from blendserve.engines.embedded import MODELS, ModelSpec, ensure_model
+from blendserve.engines.embedded import (
+    MODELS,
+    EmbeddedEngine,
+    EmbeddedLlamaServer,
+    ModelSpec,
+    ensure_model,
+)
+from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineUnavailable
 
 
@@ -56,3 +64,15 @@ def test_unknown_model(tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailable, match="unknown embedded model"):
         ensure_model("giant", tmp_path)
     assert "qwen2.5-coder-0.5b" in MODELS
+
+
+def test_the_embedded_engine_lists_its_model_by_name() -> None:
+    async def listed() -> list[str]:
+        server = EmbeddedLlamaServer(Path("model.gguf"), model_name="qwen2.5-coder-0.5b")
+        inner = OpenAIEngine(["http://127.0.0.1:9/v1"])  # never asked: the name is known
+        try:
+            return await EmbeddedEngine(server, inner).models()
+        finally:
+            await inner.aclose()
+
+    assert asyncio.run(listed()) == ["qwen2.5-coder-0.5b"]

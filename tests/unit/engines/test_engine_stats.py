@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -42,6 +43,79 @@ def test_an_openai_engine_announces_its_replicas_and_counts_outcomes() -> None:
     assert sink.samples(URL) == {"dispatched": 7, "failed": 5, "completed": 2}
     assert sink.of("upstream_retry") == [(URL,)]
     assert len(sink.of("upstream_latency")) == 1
+
+
+def _balanced(counts: Counter[str]) -> bool:
+    """Every dispatched sample has exactly one outcome (nothing is in flight)."""
+    return counts["dispatched"] == counts["completed"] + counts["failed"] + counts["cancelled"]
+
+
+def test_choices_an_upstream_never_made_count_as_cancelled() -> None:
+    sink = RecordingStats()
+    up = Upstream(choices=1)  # llama.cpp: one choice whatever n
+
+    arrived = 0
+    all_three = asyncio.Event()
+
+    async def gated(request: httpx.Request) -> httpx.Response:
+        # The first three requests are answered only once all three were sent.
+        nonlocal arrived
+        arrived += 1
+        if arrived == 3:
+            all_three.set()
+        if arrived <= 3:
+            await all_three.wait()
+        return await up(request)
+
+    async def run() -> list[int]:
+        async with engine(gated, [URL], sink=sink) as e:
+            # Three calls at once ask for n before the first short answer is known.
+            first = await asyncio.gather(
+                *(e.generate(GenerateRequest(messages=CHAT, n=4)) for _ in range(3))
+            )
+            later = await e.generate(GenerateRequest(messages=CHAT, n=3))  # known: singles
+            return [len(samples) for samples in [*first, later]]
+
+    assert _run(run()) == [4, 4, 4, 3]
+    counts = sink.samples(URL)
+    assert counts["completed"] == 15 and counts["cancelled"] == 3 * 3 and _balanced(counts)
+    assert counts["dispatched"] == len(up.calls) + 9  # each short answer asked for 4
+
+
+def test_a_short_answer_balances_with_n_always_sent() -> None:
+    sink = RecordingStats()
+    up = Upstream(choices=2)
+
+    async def run() -> int:
+        async with engine(up, [URL], sink=sink, n_support="yes") as e:
+            return len(await e.generate(GenerateRequest(messages=CHAT, n=5)))
+
+    assert _run(run()) == 5
+    assert sink.samples(URL) == {"dispatched": 8, "completed": 5, "cancelled": 3}
+
+
+@pytest.mark.parametrize(
+    ("response", "stream"),
+    [
+        (httpx.Response(200, text="{not json"), False),
+        (httpx.Response(200, json={"choices": [{"index": 0}]}), False),
+        (httpx.Response(200, text="data: {not json\n\n"), True),
+    ],
+)
+def test_an_unusable_answer_fails_every_sample_asked(
+    response: httpx.Response, stream: bool
+) -> None:
+    sink = RecordingStats()
+    up = Upstream()
+    up.script = [response]
+
+    async def run() -> None:
+        async with engine(up, [URL], sink=sink, stream=stream) as e:
+            with pytest.raises(EngineProtocolError):
+                await e.generate(GenerateRequest(messages=CHAT, n=3))
+
+    _run(run())
+    assert sink.samples(URL) == {"dispatched": 3, "failed": 3}
 
 
 def test_report_to_moves_an_engine_to_another_sink_with_its_state() -> None:

@@ -8,7 +8,15 @@ from blendserve.core import DEFAULT_POLICY, PolicySpec
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError
-from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
+from blendserve.scheduler import (
+    AnswerEvent,
+    DoneEvent,
+    Job,
+    JobSpec,
+    JobStatus,
+    ProgressEvent,
+    Question,
+)
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
 
 from tests.support.fake_engine import FakeEngine, last_word
@@ -103,6 +111,32 @@ def test_a_question_the_ranking_keeps_first_takes_several_samples_per_request() 
     assert max(r.n for r in engine.requests) > 1
     assert max(r.n for r in engine.requests) <= 8
     assert sum(r.n for r in engine.requests) == len(engine.served) == 64
+
+
+class _OneSampleWhateverN(FakeEngine):
+    """Returns the first sample of each request only, as an engine that ignores ``n`` would."""
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        samples = await super().generate(request)
+        del self.served[len(self.served) - len(samples) + 1 :]
+        return samples[:1]
+
+
+def test_an_engine_that_returns_too_few_is_refunded_and_every_count_agrees() -> None:
+    engine = _OneSampleWhateverN(DISTRIBUTIONS)
+    spec = _spec(64, concurrency=16, in_flight_per_question=4, progress_interval=0)
+    events = _run(_events(Job(spec, engine, last_word)))
+    assert max(r.n for r in engine.requests) > 1  # so some answers were short
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    progress = [e for e in events if isinstance(e, ProgressEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.status is JobStatus.COMPLETED
+    # Only what came back is spent: the refunded shortfall went to other samples.
+    served = Counter(q for q, _ in engine.served)
+    assert {a.id: a.samples for a in answers} == dict(served)
+    assert done.spent == done.usage.samples == len(engine.served) == 64
+    assert all(p.completed <= p.spent <= p.budget for p in progress)
+    assert (progress[-1].spent, progress[-1].completed) == (64, 64)
 
 
 def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -33,6 +33,7 @@ from blendserve.service.openai.schemas import (
     Completion,
     CompletionRequest,
 )
+from blendserve.service.openai.served import ServedModels
 from blendserve.service.settings import Settings
 from blendserve.service.vocabulary import check_extra
 
@@ -42,9 +43,10 @@ router = APIRouter(prefix="/v1")
 
 _STREAMED: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "chunks when streamed"},
-    **error_responses(400, 401, 413, 422, 429, 502, 503, 504),
+    **error_responses(400, 401, 404, 413, 422, 429, 502, 503, 504),
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAMED)
@@ -53,7 +55,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
     ``blendserve`` in the body overrides the server's self-consistency
     settings; ``{"blendserve": {"enabled": false}}`` passes the request upstream.
+    ``model`` must be one of ``GET /v1/models`` (else a 404) unless the server
+    allows aliases.
     """
+    body = await _served(request, body)
     if not body.blendserve.enabled:
         return await _pass_through(request, "/chat/completions", body)
     question = Question("0", messages=body.messages)
@@ -63,10 +68,22 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 @router.post("/completions", response_model=Completion, responses=_STREAMED)
 async def completions(body: CompletionRequest, request: Request) -> Response | Any:
     """A text completion per prompt (a list of prompts is a batch of questions)."""
+    body = await _served(request, body)
     if not body.blendserve.enabled:
         return await _pass_through(request, "/completions", body)
     questions = [Question(str(i), prompt=p) for i, p in enumerate(body.prompts)]
     return await _self_consistent(request, body, questions, body.max_tokens, chat=False)
+
+
+async def _served(request: Request, body: _Body) -> _Body:
+    """``body`` naming the model it runs on: as asked, or the one an alias stands for.
+
+    Raises:
+        ModelNotFound: the engine does not serve the model asked for.
+    """
+    served: ServedModels = request.app.state.served_models
+    model = await served.resolve(body.model)
+    return body if model == body.model else body.model_copy(update={"model": model})
 
 
 def _model(request: Request, asked: str | None) -> str:
@@ -186,6 +203,8 @@ async def _pass_through(
     """The request as the client sent it (less ``blendserve``), to the upstream."""
     raw: dict[str, Any] = await request.json()
     raw.pop("blendserve", None)
+    if body.model is not None:
+        raw["model"] = body.model  # the model an alias stands for
     engine: Engine = request.app.state.engine
     # Held until the reply has been relayed: passed-through requests count as jobs too.
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"

@@ -16,6 +16,8 @@ from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
     AnswerFormat,
+    AnswerKeyOut,
+    AnswerTextOut,
     ChatMessages,
     ConfidenceOut,
     StoppedOut,
@@ -222,7 +224,8 @@ class UsageInfo(BaseModel):
 class VoteOut(BaseModel):
     """How one question's answer was voted."""
 
-    answer: str | None
+    answer: AnswerKeyOut
+    answer_text: AnswerTextOut = None
     votes: dict[str, int]
     samples: int
     confidence: ConfidenceOut

@@ -12,6 +12,8 @@ from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
     AnswerFormat,
+    AnswerKeyOut,
+    AnswerTextOut,
     ChatMessages,
     ConfidenceOut,
     SamplingIn,
@@ -189,7 +191,8 @@ class AnswerOut(BaseModel):
 
     index: int
     id: str
-    answer: str | None
+    answer: AnswerKeyOut
+    answer_text: AnswerTextOut = None
     votes: dict[str, int]
     samples: int
     confidence: ConfidenceOut

@@ -1,0 +1,83 @@
+"""The model a ``/v1`` request may name: one the engine serves, or any with aliases allowed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from blendserve.engines.base import Engine
+from blendserve.errors import BlendserveError, ModelNotFound
+
+__all__ = ["LIST_TTL_S", "MISS_TTL_S", "ServedModels"]
+
+#: Seconds the engine's model list is kept (an upstream's list costs a request).
+LIST_TTL_S = 30.0
+#: A name missing from a list at least this old asks again (a model loaded since).
+MISS_TTL_S = 1.0
+
+
+class ServedModels:
+    """The engine's model names, kept a while, and the rule a request's ``model`` follows.
+
+    A request that names no model goes on as it is, and so does one on an
+    engine that lists no model (or whose list cannot be had now: the engine
+    decides). A name the engine lists goes on. Any other name is refused
+    (:class:`~blendserve.errors.ModelNotFound`, a 404), unless aliases are
+    allowed: then it stands for the default model.
+
+    Args:
+        engine: the engine.
+        allow_aliases: accept any name, as the default model.
+        default: the model an alias stands for (None: the engine's first).
+        clock: seconds, for the list's age.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        allow_aliases: bool = False,
+        default: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.allow_aliases = allow_aliases
+        self.default = default
+        self._clock = clock
+        self._names: list[str] = []
+        self._listed_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def names(self, max_age: float = LIST_TTL_S) -> list[str]:
+        """The engine's model names, asked again when the kept list is older than ``max_age``.
+
+        Empty when the engine lists none, or its list cannot be had now.
+        """
+        async with self._lock:  # one request for the list at a time
+            if self._clock() - self._listed_at >= max_age:
+                try:
+                    self._names = list(await self.engine.models())
+                except BlendserveError:
+                    self._names = []
+                self._listed_at = self._clock()
+            return self._names
+
+    async def resolve(self, asked: str | None) -> str | None:
+        """The model a request naming ``asked`` runs on (None: the engine's default).
+
+        Raises:
+            ModelNotFound: the engine lists its models, ``asked`` is not one
+                of them and aliases are not allowed.
+        """
+        if asked is None:
+            return None
+        names = await self.names()
+        if names and asked not in names:
+            names = await self.names(MISS_TTL_S)
+        if not names or asked in names:
+            return asked
+        if self.allow_aliases:
+            return self.default or names[0]
+        raise ModelNotFound(asked, names)
