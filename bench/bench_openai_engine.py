@@ -7,8 +7,8 @@ Usage: python bench/bench_openai_engine.py [--upstream process|mock] [--n 1,8]
 ``tests/support/fake_openai.py`` runs in separate processes (uvicorn, zero
 latency) and is reached over loopback HTTP; the samples the fakes report
 serving are checked against the samples the engine returned. ``mock``: an
-in-process ``httpx.MockTransport`` answers without any network or server, so
-the figure is the client-side ceiling (engine plus httpx).
+in-process ``httpx2.MockTransport`` answers without any network or server, so
+the figure is the client-side ceiling (engine plus httpx2).
 
 A closed loop of ``--concurrency`` callers each awaits ``generate`` for one
 question (ids cycle over 1,000, so affinity hashing is exercised) and calls
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
+import httpx2
 from blendserve.engines import GenerateRequest, SamplingParams
 from blendserve.engines.openai import OpenAIEngine
 
@@ -65,17 +66,17 @@ def _spawn_fake(name: str) -> tuple[subprocess.Popen[str], str]:
         time.sleep(0.05)
 
 
-def _mock_transport() -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
+def _mock_transport() -> httpx2.MockTransport:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         n = json.loads(request.content).get("n", 1)
         choices = [
             {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}
             for i in range(n)
         ]
         usage = {"prompt_tokens": 3, "completion_tokens": 5 * n}
-        return httpx.Response(200, json={"choices": choices, "usage": usage})
+        return httpx2.Response(200, json={"choices": choices, "usage": usage})
 
-    return httpx.MockTransport(handler)
+    return httpx2.MockTransport(handler)
 
 
 async def _served(urls: list[str]) -> int:
@@ -126,7 +127,7 @@ async def _measure(
 async def _bench(args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[str]] = []
     urls: list[str] = []
-    transport: httpx.AsyncBaseTransport | None = None
+    transport: httpx2.AsyncBaseTransport | None = None
     try:
         if args.upstream == "process":
             for i in range(args.replicas):

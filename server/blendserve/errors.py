@@ -10,7 +10,7 @@
     └── RequestValidationError      bad input from a caller (also a ValueError), with ``param``
         └── ModelNotFound           the request names a model the engine does not serve
 
-Engines wrap httpx and vLLM errors at their seam (``raise ... from exc``);
+Engines wrap httpx2 and vLLM errors at their seam (``raise ... from exc``);
 only the service layer maps these to HTTP status codes.
 """
 

@@ -1,16 +1,11 @@
 """The README's two commands: one serves, one tests, and CI runs the second."""
 
 import re
-import sys
+import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 ROOT = Path(__file__).parents[2]
 

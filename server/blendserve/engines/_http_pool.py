@@ -1,20 +1,172 @@
 """Keep-alive connections to an engine's replicas, sharded per replica.
 
-Why sharded, and why not ``httpx.AsyncClient``, is :class:`HttpPool`'s
-docstring; a request takes its replica's least busy shard.
+Why sharded, and why not ``httpx2.AsyncClient``, is :class:`HttpPool`'s
+docstring; a request takes its replica's least busy shard. How a shard heals
+from requests cancelled at the wrong moment is :class:`_Connection`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+import asyncio
+import contextlib
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from typing import Any
 
-import httpx
+import httpcore2
+import httpx2
 
 from blendserve.engines.openai_wire import collect_events, lines
 
 __all__ = ["HttpPool"]
 
 _SHARD_CONNECTIONS = 2  # measured: 1-4 alike, 8 costs 1.4x CPU, 16 costs 3x
+_KEEPALIVE_S = 30.0
+
+
+class _Connection(httpcore2.AsyncConnectionInterface):
+    """An HTTP/1.1 connection of a pool, dropped once no request can end it.
+
+    Cancellation at the wrong moment leaves connections that count against
+    the pool's limit but that no request will ever use or end; once the limit
+    is full of them, requests wait for a connection that never comes (httpcore
+    1.0.9 leaves them in three ways, encode/httpcore#1093 the first; httpcore2
+    left none in our runs, but the pool does not rely on that). This
+    connection reads as closed, so that the pool drops it, when
+
+    * no request started on it within ``give_up_s`` of the pool handing it
+      out: it stays CONNECTING for good, with no socket; a request that still
+      comes for it is told to take another;
+    * the request on it ended (failed, or its response was closed) and left it
+      neither idle nor closed: it is closed here.
+
+    A connect that did start is bounded by the request's connect timeout.
+    """
+
+    def __init__(self, inner: httpcore2.AsyncConnectionInterface, give_up_s: float) -> None:
+        self._inner = inner
+        self._give_up_at = time.monotonic() + give_up_s
+        self._started = False
+        self._stuck = False
+
+    def abandoned(self) -> bool:
+        """True once ``give_up_s`` passed with no request started on the connection."""
+        return not self._started and time.monotonic() > self._give_up_at
+
+    async def handle_async_request(self, request: httpcore2.Request) -> httpcore2.Response:
+        """Sends ``request`` on the inner connection, unless this one was given up."""
+        if self.abandoned() or self._stuck:
+            raise httpcore2.ConnectionNotAvailable()  # the pool finds the request another
+        self._started = True
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpcore2.ConnectionNotAvailable:
+            raise  # busy with another request: not this one's to end
+        except BaseException:
+            await self.ended()
+            raise
+        stream = response.stream
+        assert isinstance(stream, AsyncIterable)
+        return httpcore2.Response(
+            status=response.status,
+            headers=response.headers,
+            content=_Body(stream, self),
+            extensions=response.extensions,
+        )
+
+    async def ended(self) -> None:
+        """Closes the connection if the request that ended left it neither idle nor closed."""
+        if not (self._inner.is_idle() or self._inner.is_closed()):
+            self._stuck = True
+            await asyncio.shield(self._inner.aclose())  # closed even if cancelled again
+
+    async def aclose(self) -> None:
+        """Closes the inner connection."""
+        await self._inner.aclose()
+
+    def info(self) -> str:
+        """The inner connection's state, for ``repr``."""
+        return self._inner.info()
+
+    def can_handle_request(self, origin: httpcore2.Origin) -> bool:
+        """Whether the connection goes to ``origin``."""
+        return self._inner.can_handle_request(origin)
+
+    def is_connected(self) -> bool:
+        """Whether the socket is established."""
+        return self._inner.is_connected()
+
+    def is_available(self) -> bool:
+        """Whether the pool may hand the connection to another request."""
+        return not self.is_closed() and self._inner.is_available()
+
+    def has_expired(self) -> bool:
+        """Whether the pool should close the connection."""
+        return self._inner.has_expired()
+
+    def is_idle(self) -> bool:
+        """Whether the connection is kept alive with no request on it."""
+        return self._inner.is_idle()
+
+    def can_multiplex(self) -> bool:
+        """Whether several requests may share the connection (HTTP/2)."""
+        return self._inner.can_multiplex()
+
+    def is_closed(self) -> bool:
+        """Whether the pool should drop the connection: closed, or given up."""
+        return self._stuck or self.abandoned() or self._inner.is_closed()
+
+    def __repr__(self) -> str:
+        return f"<_Connection [{self.info()}]>"
+
+
+class _Body:
+    """A response body that has its connection checked once it is closed."""
+
+    def __init__(self, stream: AsyncIterable[bytes], connection: _Connection) -> None:
+        self._stream = stream
+        self._connection = connection
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._stream.__aiter__()  # the inner body's own: nothing added per chunk
+
+    async def aclose(self) -> None:
+        """Closes the inner body, then has the connection checked."""
+        try:
+            close = getattr(self._stream, "aclose", None)
+            if close is not None:
+                await close()
+        finally:
+            await self._connection.ended()
+
+
+class _Pool(httpcore2.AsyncConnectionPool):
+    """An httpcore2 pool whose new connections are each a :class:`_Connection`."""
+
+    def __init__(self, *, give_up_s: float, **options: Any) -> None:
+        super().__init__(**options)
+        self._give_up_s = give_up_s
+
+    def create_connection(self, origin: httpcore2.Origin) -> httpcore2.AsyncConnectionInterface:
+        """A new connection to ``origin``, given up if no request starts on it in time."""
+        return _Connection(super().create_connection(origin), self._give_up_s)
+
+
+class _Transport(httpx2.AsyncHTTPTransport):
+    """httpx2's transport (request building, error mapping) over a :class:`_Pool`."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, size: int, give_up_s: float) -> None:
+        super().__init__(verify=ssl_context)
+        # httpx2 sends through the httpcore2 pool it keeps here (as httpx has since 0.18).
+        self._pool = _Pool(
+            give_up_s=give_up_s,
+            ssl_context=ssl_context,
+            max_connections=size,
+            max_keepalive_connections=size,
+            keepalive_expiry=_KEEPALIVE_S,
+        )
 
 
 class HttpPool:
@@ -26,11 +178,20 @@ class HttpPool:
     than the exchange itself: each replica's connections are split into
     pools of ``_SHARD_CONNECTIONS`` and a request takes the least busy pool of
     its replica (per replica, so that no pool closes a connection to one
-    replica to open one to another). And ``httpx.AsyncClient`` (URL merging,
+    replica to open one to another). And ``httpx2.AsyncClient`` (URL merging,
     cookies, auth and redirect handling) adds about as much CPU per request
     again: requests go to the transports directly, each URL parsed once.
-    httpx still maps errors, and cancelling a request closes its connection.
+    httpx2 still maps errors, and cancelling a request closes its connection.
     A custom transport is used as it is, for every replica.
+
+    A request that finds every shard of its replica full waits its turn here,
+    first come first served, for as long as its caller waits (a side request:
+    its timeout). So a shard always has a connection for the requests it is
+    given, and one that waits ``connect_timeout`` for a connection fails with
+    ``httpx2.PoolTimeout`` (retryable, and not the replica's fault): something
+    holds connections that no request uses. Such connections are dropped
+    (:class:`_Connection`), those no request began to connect on after
+    ``connect_timeout``.
     """
 
     def __init__(
@@ -40,31 +201,28 @@ class HttpPool:
         *,
         api_key: str | None,
         connect_timeout: float,
-        transport: httpx.AsyncBaseTransport | None,
+        transport: httpx2.AsyncBaseTransport | None,
         stall_timeout: float | None = None,
         credentials: Mapping[str, str] | None = None,
         max_response_bytes: int = 64 << 20,
     ) -> None:
-        self._owned: list[httpx.AsyncBaseTransport]
+        self._owned: list[httpx2.AsyncBaseTransport]
         if transport is not None:
             self._owned = [transport]
             self._shards = {base: [transport] for base in bases}
+            self._size = max_connections
         else:
             count = -(-max_connections // _SHARD_CONNECTIONS)
-            size = -(-max_connections // count)
-            limits = httpx.Limits(
-                max_connections=size, max_keepalive_connections=size, keepalive_expiry=30.0
-            )
-            ssl_context = httpx.create_ssl_context()  # loaded once, not once per pool
+            self._size = -(-max_connections // count)
+            ssl_context = httpx2.create_ssl_context()  # loaded once, not once per pool
             self._shards = {
-                base: [
-                    httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
-                    for _ in range(count)
-                ]
+                base: [_Transport(ssl_context, self._size, connect_timeout) for _ in range(count)]
                 for base in bases
             }
             self._owned = [t for shards in self._shards.values() for t in shards]
         self._busy = {base: [0] * len(shards) for base, shards in self._shards.items()}
+        # Per base: requests waiting for a shard with room, each handed its shard.
+        self._waiting: dict[str, deque[asyncio.Future[int]]] = {b: deque() for b in self._shards}
         self._max_response_bytes = max_response_bytes
         # Per base: a URL's own credentials win over the engine's bearer key.
         self._get_headers: dict[str, list[tuple[str, str]]] = {}
@@ -76,17 +234,18 @@ class HttpPool:
                 get.append(("authorization", auth))
             self._get_headers[base] = get
             self._post_headers[base] = [*get, ("content-type", "application/json")]
-        # The call deadline bounds reads, writes and pool waits; connects get their own.
-        self._timeout = {"timeout": httpx.Timeout(None, connect=connect_timeout).as_dict()}
+        # The call deadline bounds reads and writes; connects and pool waits get their own.
+        limits = {"connect": connect_timeout, "pool": connect_timeout}
+        self._timeout = {"timeout": httpx2.Timeout(None, **limits).as_dict()}
         # Streamed samples arrive token by token: a silence longer than this is a hang.
-        streamed = httpx.Timeout(None, connect=connect_timeout, read=stall_timeout)
+        streamed = httpx2.Timeout(None, **limits, read=stall_timeout)
         self._streamed_timeout = {"timeout": streamed.as_dict()}
-        self._urls: dict[str, httpx.URL] = {}
+        self._urls: dict[str, httpx2.URL] = {}
 
-    def _url(self, url: str) -> httpx.URL:
+    def _url(self, url: str) -> httpx2.URL:
         parsed = self._urls.get(url)
         if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
+            parsed = self._urls[url] = httpx2.URL(url)
         return parsed
 
     async def post(
@@ -96,14 +255,14 @@ class HttpPool:
         body: bytes,
         collect_stream: bool = False,
         headers: Sequence[tuple[str, str]] = (),
-    ) -> httpx.Response:
+    ) -> httpx2.Response:
         """POSTs a JSON body to ``base + path``; the response is read in full.
 
         With ``collect_stream``, a 2xx event stream is read chunk by chunk and
         returned as the equivalent non-streamed JSON response. ``headers`` are
         sent besides the pool's own.
         """
-        request = httpx.Request(
+        request = httpx2.Request(
             "POST",
             self._url(base + path),
             content=body,
@@ -114,20 +273,19 @@ class HttpPool:
 
     async def open(
         self, base: str, path: str, body: bytes, read_timeout: float
-    ) -> tuple[httpx.Response, int]:
+    ) -> tuple[httpx2.Response, int]:
         """POSTs; returns the response unread and the shard to give to :meth:`done`.
 
         The upstream may stay silent ``read_timeout`` seconds at most, first byte included.
         """
-        timeout = httpx.Timeout(None, connect=self._timeout["timeout"]["connect"])
-        request = httpx.Request(
+        request = httpx2.Request(
             "POST",
             self._url(base + path),
             content=body,
             headers=self._post_headers[base],
-            extensions={"timeout": {**timeout.as_dict(), "read": read_timeout}},
+            extensions={"timeout": {**self._timeout["timeout"], "read": read_timeout}},
         )
-        shard = self._take(base)
+        shard = await self._take(base, request)
         try:
             response = await self._shards[base][shard].handle_async_request(request)
         except BaseException:
@@ -136,43 +294,77 @@ class HttpPool:
         response.request = request
         return response, shard
 
-    def _take(self, base: str) -> int:
-        """The least busy shard of replica ``base``, counted busy until :meth:`done`."""
+    async def _take(self, base: str, request: httpx2.Request, patience: float | None = None) -> int:
+        """The least busy shard of replica ``base``, counted busy until :meth:`done`.
+
+        When every shard is full, waits for a free one, after those that came
+        first; ``patience`` bounds the wait (None: the caller's deadline does).
+
+        Raises:
+            httpx2.PoolTimeout: no shard was free within ``patience``.
+        """
         busy = self._busy[base]
         shard = min(range(len(busy)), key=busy.__getitem__)
-        busy[shard] += 1
-        return shard
+        waiting = self._waiting[base]
+        if busy[shard] < self._size and not waiting:
+            busy[shard] += 1
+            return shard
+        turn = asyncio.get_running_loop().create_future()
+        waiting.append(turn)
+        try:
+            return await asyncio.wait_for(turn, patience)
+        except BaseException as exc:
+            if turn.done() and not turn.cancelled():
+                self.done(base, turn.result())  # handed a shard too late: the next one gets it
+            with contextlib.suppress(ValueError):
+                waiting.remove(turn)
+            if isinstance(exc, asyncio.TimeoutError):
+                message = f"no connection within {patience} s"
+                raise httpx2.PoolTimeout(message, request=request) from None
+            raise
 
     def done(self, base: str, shard: int) -> None:
         """Ends what :meth:`open` started, once its response is closed."""
+        waiting = self._waiting[base]
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(shard)  # the shard stays busy, with the next request
+                return
         self._busy[base][shard] -= 1
 
-    async def get(self, base: str, path: str, timeout: float) -> httpx.Response:
+    async def get(self, base: str, path: str, timeout: float) -> httpx2.Response:
         """GETs with ``timeout`` on every phase; the response is read in full."""
         return await self.side(base, base + path, None, timeout)
 
-    async def side(self, base: str, url: str, body: bytes | None, timeout: float) -> httpx.Response:
+    async def side(
+        self, base: str, url: str, body: bytes | None, timeout: float
+    ) -> httpx2.Response:
         """A GET (``body`` None) or JSON POST to any ``url`` of replica ``base``, read in full."""
-        extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
+        extensions = {"timeout": httpx2.Timeout(timeout).as_dict()}
         method, headers = (
             ("GET", self._get_headers[base]) if body is None else ("POST", self._post_headers[base])
         )
-        request = httpx.Request(
+        request = httpx2.Request(
             method, self._url(url), content=body, headers=headers, extensions=extensions
         )
-        return await self._send(base, request)
+        return await self._send(base, request, patience=timeout)
 
     async def _send(
-        self, base: str, request: httpx.Request, collect_stream: bool = False
-    ) -> httpx.Response:
-        shard = self._take(base)
+        self,
+        base: str,
+        request: httpx2.Request,
+        collect_stream: bool = False,
+        patience: float | None = None,
+    ) -> httpx2.Response:
+        shard = await self._take(base, request, patience)
         try:
             raw = await self._shards[base][shard].handle_async_request(request)
             try:
                 if collect_stream and raw.is_success:
                     # Closing mid-stream (cancellation) makes the upstream stop generating.
                     events = lines(self.capped(raw.aiter_bytes(), request))
-                    response = httpx.Response(200, json=await collect_events(events))
+                    response = httpx2.Response(200, json=await collect_events(events))
                 else:
                     content = b"".join([c async for c in self.capped(raw.aiter_bytes(), request)])
                     headers = [
@@ -180,7 +372,7 @@ class HttpPool:
                         for name, value in raw.headers.multi_items()
                         if name not in ("content-encoding", "content-length")  # decoded here
                     ]
-                    response = httpx.Response(raw.status_code, headers=headers, content=content)
+                    response = httpx2.Response(raw.status_code, headers=headers, content=content)
             finally:
                 await raw.aclose()
         finally:
@@ -189,18 +381,18 @@ class HttpPool:
         return response
 
     async def capped(
-        self, chunks: AsyncIterator[bytes], request: httpx.Request
+        self, chunks: AsyncIterator[bytes], request: httpx2.Request
     ) -> AsyncIterator[bytes]:
         """``chunks`` while their total stays within the response size limit.
 
         Raises:
-            httpx.DecodingError: the limit was passed (an unusable response).
+            httpx2.DecodingError: the limit was passed (an unusable response).
         """
         received = 0
         async for chunk in chunks:
             received += len(chunk)
             if received > self._max_response_bytes:
-                raise httpx.DecodingError(
+                raise httpx2.DecodingError(
                     f"response over {self._max_response_bytes} bytes", request=request
                 )
             yield chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 
 from blendserve.errors import EngineTimeout, EngineUnavailable
 
@@ -62,8 +62,8 @@ class RetryPolicy:
 def exhausted(last: Exception | None, attempts: int) -> Exception:
     """The error of a request whose attempts all failed, ``last`` the last one's."""
     detail = f"after {attempts} attempt(s): {last!r}"
-    if isinstance(last, httpx.TimeoutException) and not isinstance(
-        last, (httpx.ConnectTimeout, httpx.PoolTimeout)
+    if isinstance(last, httpx2.TimeoutException) and not isinstance(
+        last, (httpx2.ConnectTimeout, httpx2.PoolTimeout)
     ):
         return EngineTimeout(f"upstream timed out {detail}")
     return EngineUnavailable(f"no upstream could serve {detail}")

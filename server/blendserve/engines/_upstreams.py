@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import httpx
+import httpx2
 
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
@@ -67,7 +67,7 @@ class Upstreams:
         api_key: str | None,
         connect_timeout: float,
         stall_timeout: float | None,
-        transport: httpx.AsyncBaseTransport | None,
+        transport: httpx2.AsyncBaseTransport | None,
         max_response_bytes: int,
         sink: Stats = NO_STATS,
     ) -> None:
@@ -118,7 +118,7 @@ class Upstreams:
     async def _probe(self, replica: Replica) -> None:
         try:
             response = await self.pool.get(replica.url, "/models", SIDE_TIMEOUT)
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             return
         if response.status_code == 200 and self.replicas.record_probe(replica):
             _log.info("upstream %s answers probes: circuit breaker half-open", replica.url)
@@ -147,7 +147,7 @@ class Upstreams:
             response.raise_for_status()
             data = response.json()["data"]
             return [m["id"] for m in data if isinstance(m.get("id"), str)]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        except (httpx2.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     async def prompt_tokens(self, path: str, body: dict[str, Any], key: str | None) -> int | None:
@@ -170,7 +170,7 @@ class Upstreams:
             response = await self.pool.post(replica.url, path, probe)
             response.raise_for_status()
             count = parse_samples(response.json(), path == CHAT, replica.url)[0].prompt_tokens
-        except (httpx.HTTPError, ValueError, EngineProtocolError) as exc:
+        except (httpx2.HTTPError, ValueError, EngineProtocolError) as exc:
             _log.debug("upstream %s: no prompt token count: %s", replica.url, exc)
             return None
         if len(self._prompt_counts) >= _PROMPT_COUNTS:
@@ -202,9 +202,10 @@ class Upstreams:
             tried.append(replica)
             try:
                 raw, shard = await self.pool.open(replica.url, path, encoded, self._forward_timeout)
-            except httpx.HTTPError as exc:
+            except httpx2.HTTPError as exc:
                 self.replicas.release(replica)
-                self.failed(replica)
+                if not isinstance(exc, httpx2.PoolTimeout):  # our pool's fault, not the replica's
+                    self.failed(replica)
                 last = exc
                 continue
             if raw.status_code >= 500:
@@ -219,7 +220,7 @@ class Upstreams:
         raise EngineUnavailable(f"no upstream could take the request: {last}") from last
 
     async def _relay(
-        self, raw: httpx.Response, replica: Replica, shard: int
+        self, raw: httpx2.Response, replica: Replica, shard: int
     ) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.pool.capped(raw.aiter_raw(), raw.request):
@@ -245,7 +246,7 @@ class Upstreams:
         content = None if body is None else encode(dict(body))
         try:
             raw = await self.pool.side(replica.url, url, content, SIDE_TIMEOUT)
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise EngineUnavailable(f"{url}: {exc}") from exc
         return UpstreamReply(
             raw.status_code, raw.headers.get("content-type", "application/json"), once(raw.content)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
@@ -221,11 +221,11 @@ class EmbeddedLlamaServer:
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with httpx2.AsyncClient(timeout=2.0) as client:
             while True:
                 if not self.running:
                     raise EngineUnavailable(f"llama.cpp server exited:\n{self._log_tail()}")
-                with contextlib.suppress(httpx.TransportError):
+                with contextlib.suppress(httpx2.TransportError):
                     if (await client.get(f"{self.base_url}/models")).status_code == 200:
                         return
                 if loop.time() > deadline:
@@ -243,11 +243,11 @@ class EmbeddedLlamaServer:
         """
         url = self.base_url.removesuffix("/v1") + "/extras/detokenize"
         try:
-            async with httpx.AsyncClient(timeout=30.0) as client:
+            async with httpx2.AsyncClient(timeout=30.0) as client:
                 response = await client.post(url, json={"tokens": list(tokens)})
             response.raise_for_status()
             text = response.json()["text"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx2.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
         if not isinstance(text, str):
             raise EngineUnavailable("llama.cpp could not detokenize the prompt")

@@ -1,9 +1,9 @@
 """Engine over OpenAI-compatible HTTP upstreams (vLLM, SGLang, llama.cpp, ...).
 
 One :class:`OpenAIEngine` talks to one or more data-parallel replicas of the
-same model over pooled keep-alive connections (httpx transports, at most
+same model over pooled keep-alive connections (httpx2 transports, at most
 ``max_connections`` per replica; :mod:`blendserve.engines._http_pool` says why
-not one ``httpx.AsyncClient``). A request with ``messages`` goes to
+not one ``httpx2.AsyncClient``). A request with ``messages`` goes to
 ``{url}/chat/completions``, one with ``prompt`` to ``{url}/completions``;
 ``mode`` only tells callers which kind to build. Base URLs are normalised to
 end in ``/v1``: ``http://host:8000``, ``http://host:8000/`` and
@@ -30,7 +30,9 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   otherwise it waits a jittered exponential backoff, or ``Retry-After`` when
   given (capped at 30 s); a ``Retry-After`` longer than ``max_retry_after``
   ends the call at once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
-  Other statuses are not retried.
+  Other statuses are not retried. A pool timeout (no pooled connection came
+  in time, see :mod:`blendserve.engines._http_pool`) is retried too, but it
+  is not the replica's failure: it does not count towards its breaker.
 * A response body over ``max_response_bytes`` (an upstream that never stops
   streaming, a runaway completion) fails the attempt as unusable; a forwarded
   reply is cut off there.
@@ -41,7 +43,7 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   (``request.timeout`` or the engine's ``timeout``, covering retries) passes;
   :class:`~blendserve.errors.EngineUnavailable` when retries are exhausted or
   every replica is out; :class:`~blendserve.errors.EngineProtocolError` for
-  other statuses and unusable bodies. The httpx error is the ``__cause__``.
+  other statuses and unusable bodies. The httpx2 error is the ``__cause__``.
 * Replicas: see :mod:`blendserve.engines._replicas` for the balancing,
   affinity and circuit breaker rules, and :mod:`blendserve.engines._upstreams`
   for the probes; a trial request closes or reopens a half-open breaker.
@@ -60,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
-import httpx
+import httpx2
 
 from blendserve._cancel import DeadlinePassed, all_or_cancel, within
 from blendserve.engines._replicas import Replica
@@ -105,7 +107,7 @@ class OpenAIEngine(Engine, PassThrough):
         max_connections: keep-alive connections per replica.
         n_support: ``auto`` detects per replica whether ``n`` is honoured;
             ``yes`` always sends ``n``; ``no`` always sends ``n`` single requests.
-        transport: custom httpx transport (tests, ASGI apps).
+        transport: custom httpx2 transport (tests, ASGI apps).
         failure_threshold: consecutive failures that open a replica's breaker.
         probe_interval: seconds between probes of replicas whose breaker is open.
         affinity_slack: outstanding sequences a question's home replica may
@@ -139,7 +141,7 @@ class OpenAIEngine(Engine, PassThrough):
         backoff_base: float = 0.2,
         max_connections: int = 256,
         n_support: Literal["auto", "yes", "no"] = "auto",
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
         failure_threshold: int = 3,
         probe_interval: float = 2.0,
         affinity_slack: int = 4,
@@ -345,11 +347,12 @@ class OpenAIEngine(Engine, PassThrough):
                 response = await self._pool.post(url, path, encoded, self._stream, session)
             finally:
                 self._replicas.release(replica, want)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             self.sink.upstream_samples(url, "failed", want)
-            self._upstreams.failed(replica)
+            if not isinstance(exc, httpx2.PoolTimeout):  # our pool's fault, not the replica's
+                self._upstreams.failed(replica)
             return exc, None
-        except httpx.RequestError as exc:
+        except httpx2.RequestError as exc:
             self.sink.upstream_samples(url, "failed", want)
             raise EngineProtocolError(f"{url}: unusable response: {exc}") from exc
         except EngineProtocolError:  # an unusable stream
@@ -362,7 +365,7 @@ class OpenAIEngine(Engine, PassThrough):
         if 200 <= status < 300:
             self._replicas.record_success(replica)
             return self._answered(replica, response, path == CHAT, want, sent)
-        error = httpx.HTTPStatusError(
+        error = httpx2.HTTPStatusError(
             f"{url}{path} answered {status}: {error_message(response)}",
             request=response.request,
             response=response,
@@ -376,7 +379,7 @@ class OpenAIEngine(Engine, PassThrough):
         return error, retry_after(response)
 
     def _answered(
-        self, replica: Replica, response: httpx.Response, chat: bool, want: int, sent: float
+        self, replica: Replica, response: httpx2.Response, chat: bool, want: int, sent: float
     ) -> list[Sample]:
         """The samples of a 2xx answer; each of the ``want`` asked for gets its outcome.
 

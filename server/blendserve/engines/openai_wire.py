@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, RequestValidationError
@@ -59,8 +59,8 @@ def normalise_base_url(url: str) -> str:
     """
     base = url.strip().rstrip("/")
     try:
-        parsed = httpx.URL(base)
-    except httpx.InvalidURL as exc:
+        parsed = httpx2.URL(base)
+    except httpx2.InvalidURL as exc:
         raise ValueError(f"not an http(s) base URL: {_without_userinfo(url)!r}") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"not an http(s) base URL: {_without_userinfo(url)!r}")
@@ -83,7 +83,7 @@ def split_credentials(url: str) -> tuple[str, str | None]:
         ValueError: not an absolute http(s) URL.
     """
     base = normalise_base_url(url)
-    parsed = httpx.URL(base)
+    parsed = httpx2.URL(base)
     if not parsed.userinfo:
         return base, None
     user = urllib.parse.unquote(parsed.username)
@@ -146,7 +146,7 @@ def sampling_body(body: dict[str, Any], n: int, seed: int | None, stream: bool) 
     return encode(payload)
 
 
-def parse_response(response: httpx.Response, chat: bool, want: int, upstream: str) -> list[Sample]:
+def parse_response(response: httpx2.Response, chat: bool, want: int, upstream: str) -> list[Sample]:
     """The samples of a 2xx completion response asking for ``want``: 1..want of them.
 
     Raises:
@@ -292,7 +292,7 @@ def _choice_tokens(choice: dict[str, Any]) -> int | None:
     return _count(value) if value is not None else None
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: httpx2.Response) -> str:
     """The error an upstream's error response states, else its text or reason."""
     try:
         data = response.json()
@@ -308,7 +308,7 @@ def error_message(response: httpx.Response) -> str:
     return response.text.strip()[:500] or response.reason_phrase
 
 
-def retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: httpx2.Response) -> float | None:
     """``Retry-After`` in seconds (delay or HTTP date), capped; None: absent or unreadable."""
     value = response.headers.get("retry-after")
     if value is None:

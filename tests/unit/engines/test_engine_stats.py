@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import httpx
+import httpx2 as httpx
 import pytest
 from blendserve.engines.base import GenerateRequest
 from blendserve.engines.replay import FaultConfig, ReplayEngine

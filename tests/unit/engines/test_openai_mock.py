@@ -1,4 +1,4 @@
-"""OpenAIEngine against httpx.MockTransport handlers: mapping, parsing, n, retries, errors."""
+"""OpenAIEngine against httpx2.MockTransport handlers: mapping, parsing, n, retries, errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-import httpx
+import httpx2 as httpx
 import pytest
 from blendserve._cancel import within
 from blendserve.engines.base import GenerateRequest, SamplingParams
@@ -481,7 +481,7 @@ def test_a_cancellation_racing_with_completion_is_not_swallowed() -> None:
 def test_stream_mode_assembles_chunks_and_counts_tokens() -> None:
     import json as _json
 
-    import httpx as _httpx
+    import httpx2 as _httpx
     from blendserve.engines import GenerateRequest as _Request
     from blendserve.engines.openai import OpenAIEngine as _Engine
 

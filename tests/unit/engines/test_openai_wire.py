@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import httpx
+import httpx2 as httpx
 import pytest
 from blendserve.engines._retry import RetryPolicy, exhausted
 from blendserve.engines.base import GenerateRequest, SamplingParams
