@@ -75,7 +75,10 @@ class _Turns:
 
     An owner's service is the wall time its calls held a worker; of two owners
     with equal service the one with fewer calls running goes first, then the
-    earlier arrival. An owner is forgotten when it is garbage collected.
+    earlier arrival. The last free worker goes only to an owner that holds
+    none: with two workers or more, one owner's slow calls never hold them
+    all, so another owner's call starts at once instead of waiting for one to
+    end. An owner is forgotten when it is garbage collected.
     """
 
     def __init__(self) -> None:
@@ -90,15 +93,21 @@ class _Turns:
         owner, arrival = entry
         return self._served.get(owner, 0.0), self._calls.get(owner, 0), arrival
 
+    def _next(self, capacity: int) -> tuple[KeyOwner, int] | None:
+        """The waiting call that takes a free worker now, if any (the caller holds the lock)."""
+        free = capacity - self._running
+        if free <= 0:
+            return None
+        may = [e for e in self._waiting if free > 1 or not self._calls.get(e[0], 0)]
+        return min(may, key=self._rank, default=None)
+
     @contextmanager
     def turn(self, owner: KeyOwner, capacity: int) -> Iterator[None]:
         """Holds one of ``capacity`` workers for ``owner`` while the block runs."""
         with self._cond:
             entry = (owner, next(self._arrivals))
             self._waiting.append(entry)
-            self._cond.wait_for(
-                lambda: self._running < capacity and min(self._waiting, key=self._rank) is entry
-            )
+            self._cond.wait_for(lambda: self._next(capacity) is entry)
             self._waiting.remove(entry)
             self._running += 1
             self._calls[owner] = self._calls.get(owner, 0) + 1

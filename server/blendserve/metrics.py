@@ -5,9 +5,10 @@ Only the service imports this module: engines and schedulers report to a
 (:class:`~blendserve.service.prometheus.PrometheusStats`) updates these.
 
 Names start with ``blendserve_`` and never contain "vllm": vLLM's in-process
-engine unregisters every collector whose name does. Labels are few-valued
-(upstream, endpoint, status); never a question id. With several worker
-processes, set ``PROMETHEUS_MULTIPROC_DIR`` before start (see docs/deployment.md).
+engine unregisters every collector whose name does. Labels come from the
+operator's side and are few-valued (upstream, endpoint, status, pool); never a
+question id nor anything a client names. With several worker processes, set
+``PROMETHEUS_MULTIPROC_DIR`` before start (see docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "exposition", "upstream_configured"]
+__all__ = ["CONTENT_TYPE_LATEST", "exposition", "pool_dropped", "upstream_configured"]
 
 _PREFIX = "blendserve"
 
@@ -111,7 +112,8 @@ REQUEST_DURATION = Histogram(
     buckets=[0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
 )
 
-# Online self-consistency (the /v1 default): one series per pool.
+# Online self-consistency (the /v1 default): one series per pool label (see
+# service/openai/pool_labels.py), removed once no pool has it.
 ONLINE_TAU = Gauge(
     f"{_PREFIX}_online_tau",
     "Uncertainty threshold at which a pool's questions stop now.",
@@ -140,6 +142,18 @@ ONLINE_ROUNDS = Histogram(
     buckets=[1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
 )
 
+ONLINE_METRICS = (
+    ONLINE_TAU,
+    ONLINE_MEAN_SAMPLES,
+    ONLINE_PACING_ERROR,
+    ONLINE_QUESTIONS,
+    ONLINE_ROUNDS,
+)
+
+
+def _multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
 
 def upstream_configured(upstream: str) -> None:
     """Creates ``upstream``'s labelled series at zero.
@@ -154,9 +168,22 @@ def upstream_configured(upstream: str) -> None:
     UPSTREAM_LATENCY.labels(upstream)
 
 
+def pool_dropped(pool: str) -> None:
+    """Removes the series of the pool label ``pool``.
+
+    Not in multiprocess mode, where a worker's values stay in its files
+    (prometheus_client cannot remove them): there the pool labels are
+    bounded by their few values alone.
+    """
+    if _multiprocess():
+        return
+    for metric in ONLINE_METRICS:
+        metric.remove(pool)
+
+
 def exposition() -> bytes:
     """The text format of every metric, merged across workers in multiprocess mode."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if _multiprocess():
         registry = CollectorRegistry()
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)

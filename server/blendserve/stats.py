@@ -86,10 +86,13 @@ class Stats:
         Args:
             pool: the pool's name.
             rounds: waves of engine requests the question needed.
-            tau: the pool's threshold now.
-            mean_samples: the pool's running mean samples per question.
+            tau: the threshold of the question's client now (each client is paced alone).
+            mean_samples: the pool's running mean samples per question, every client's.
             pacing_error: that mean over the pool's budget, minus 1.
         """
+
+    def pool_dropped(self, pool: str) -> None:
+        """No pool reports as ``pool`` any more: its series may go."""
 
 
 #: The default sink: reports go nowhere.

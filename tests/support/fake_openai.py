@@ -59,8 +59,10 @@ class FakeState:
     the client leaves; streamed: silence after the first chunk), ``drop_rate``
     (the connection drops after the headers), ``slow_rate`` (``slow_latency``
     more seconds first). Hostile upstreams: ``retry_after`` (answer every
-    completion request 429 with this ``Retry-After``), ``endless`` (a streamed
-    answer that never ends), ``pad_bytes`` (each text padded to this size).
+    completion request ``retry_after_status``, 429 by default, with this
+    ``Retry-After``; only the next ``retry_after_count`` when that is set),
+    ``endless`` (a streamed answer that never ends), ``pad_bytes`` (each text
+    padded to this size).
     ``authorizations`` records each completion request's ``Authorization``.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
@@ -85,6 +87,8 @@ class FakeState:
     slow_latency: float = 0.0
     fault_seed: int = 0
     retry_after: str | None = None
+    retry_after_status: int = 429
+    retry_after_count: int | None = None
     endless: bool = False
     pad_bytes: int = 0
     authorizations: list[str | None] = field(default_factory=list)
@@ -208,9 +212,12 @@ async def _complete(
     if state.record:
         state.bodies.append(body)
         state.authorizations.append(request.headers.get("authorization"))
-    if state.retry_after is not None:
+    if state.retry_after is not None and state.retry_after_count != 0:
+        if state.retry_after_count is not None:
+            state.retry_after_count -= 1
         error = {"error": {"message": "slow down"}}
-        return JSONResponse(error, 429, headers={"Retry-After": state.retry_after})
+        headers = {"Retry-After": state.retry_after}
+        return JSONResponse(error, state.retry_after_status, headers=headers)
     fault = state.draw_fault()
     if state.fail_next > 0 or fault == "error":
         state.fail_next = max(0, state.fail_next - 1)

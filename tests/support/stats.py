@@ -77,3 +77,6 @@ class RecordingStats(Stats):
         self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
     ) -> None:
         self.calls.append(("pool_answered", (pool, rounds, tau, mean_samples, pacing_error)))
+
+    def pool_dropped(self, pool: str) -> None:
+        self.calls.append(("pool_dropped", (pool,)))

@@ -2,10 +2,14 @@
 queue another job's answers behind them (real worker processes, real sympy)."""
 
 import asyncio
+import threading
 
 import pytest
 from blendserve import answers
+from blendserve._answer_keys import _Turns
 from blendserve.answers import KeyOwner, acanonical_key
+
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +36,34 @@ def test_a_job_with_many_slow_answers_does_not_hold_back_another_jobs_answer() -
     assert key == "7/3"
     # First come, first served, the answer would wait for all 15 others.
     assert pending >= 12, pending
+
+
+def test_with_two_workers_one_owner_never_holds_both() -> None:
+    turns = _Turns()
+    slow, other = KeyOwner(), KeyOwner()
+    entered: list[str] = []
+    release = threading.Event()
+
+    def hold(owner: KeyOwner, name: str) -> None:
+        with turns.turn(owner, 2):
+            entered.append(name)
+            release.wait(10)
+
+    threads = [
+        threading.Thread(target=hold, args=(owner, name))
+        for owner, name in ((slow, "slow 1"), (slow, "slow 2"), (other, "other"))
+    ]
+    try:
+        threads[0].start()
+        wait_until(lambda: entered == ["slow 1"], 5, "the first slow call's turn")
+        threads[1].start()
+        wait_until(lambda: len(turns._waiting) == 1, 5, "the second slow call waiting")
+        # The free worker is kept: the other owner's call starts while the slow one waits.
+        threads[2].start()
+        wait_until(lambda: "other" in entered, 5, "the other owner's turn")
+        assert entered == ["slow 1", "other"]
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(10)
+    assert entered == ["slow 1", "other", "slow 2"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2
 
+from blendserve.engines._byte_lru import ByteLRU
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
@@ -33,12 +34,13 @@ from blendserve.engines.openai_wire import (
 from blendserve.errors import EngineProtocolError, EngineUnavailable, RequestValidationError
 from blendserve.stats import NO_STATS, Stats
 
-__all__ = ["SIDE_TIMEOUT", "Upstreams"]
+__all__ = ["PROMPT_COUNT_BYTES", "SIDE_TIMEOUT", "Upstreams"]
 
 _log = logging.getLogger(__name__)
 
 SIDE_TIMEOUT = 5.0  # GET /models (models(), probes) and tokenizer endpoints
-_PROMPT_COUNTS = 1024  # prompt token counts kept for upstreams without stream usage
+#: Bytes of prompt token counts kept for upstreams without stream usage (about 250 each).
+PROMPT_COUNT_BYTES = 1 << 20
 
 
 class Upstreams:
@@ -89,7 +91,7 @@ class Upstreams:
             max_response_bytes=max_response_bytes,
         )
         # prompt digest -> its token count, for upstreams whose streams carry no usage
-        self._prompt_counts: dict[bytes, int] = {}
+        self._prompt_counts: ByteLRU[bytes, int] = ByteLRU(PROMPT_COUNT_BYTES)
         self.closed = False
         self._probe_interval = probe_interval
         self._forward_timeout = forward_timeout
@@ -173,9 +175,7 @@ class Upstreams:
         except (httpx2.HTTPError, ValueError, EngineProtocolError) as exc:
             _log.debug("upstream %s: no prompt token count: %s", replica.url, exc)
             return None
-        if len(self._prompt_counts) >= _PROMPT_COUNTS:
-            del self._prompt_counts[next(iter(self._prompt_counts))]  # the oldest
-        self._prompt_counts[digest] = count
+        self._prompt_counts.put(digest, count)
         return count
 
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply:

@@ -10,13 +10,25 @@ from typing import Any
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
+    "SEED_MAX",
+    "SEED_MIN",
     "Engine",
     "EngineHealth",
     "GenerateRequest",
     "Sample",
     "SamplingParams",
     "UpstreamReply",
+    "shift_seed",
 ]
+
+#: The seeds a request may carry: 64-bit signed, as vLLM takes them.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
+
+def shift_seed(seed: int, by: int) -> int:
+    """``seed + by``, wrapped around within the 64-bit seeds (``SEED_MAX + 1`` is ``SEED_MIN``)."""
+    return (seed + by - SEED_MIN) % 2**64 + SEED_MIN
 
 
 @dataclass(frozen=True)
@@ -45,10 +57,11 @@ class SamplingParams:
         A seeded question's requests then carry ``seed + index``: engines give
         the ``i``-th sample of a request ``seed + i``, so no two samples of the
         question share a seed (and a seeded upstream repeats none of them).
+        Both wrap around within the 64-bit seeds (:func:`shift_seed`).
         """
         if self.seed is None or index == 0:
             return self
-        return replace(self, seed=self.seed + index)
+        return replace(self, seed=shift_seed(self.seed, index))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ Install with ``pip install 'blendserve[embedded]'``.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import dataclasses
@@ -30,6 +31,7 @@ from typing import Any
 
 import httpx2
 
+from blendserve.engines._byte_lru import ByteLRU
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough
@@ -37,6 +39,7 @@ from blendserve.errors import EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
+    "MAX_TEXT_BYTES",
     "MODELS",
     "EmbeddedEngine",
     "EmbeddedLlamaServer",
@@ -270,20 +273,45 @@ class EmbeddedLlamaServer:
             self._log = None
 
 
-_MAX_TEXTS = 1024  # detokenized prompts kept
+#: Bytes of detokenized prompts kept (their texts; the token ids are kept as digests).
+MAX_TEXT_BYTES = 64 << 20
+
+
+def _digest(tokens: Sequence[int]) -> bytes:
+    """A digest of token ids: the cache keeps 16 bytes, not 36 or so a token."""
+    try:
+        packed = array.array("q", tokens).tobytes()
+    except OverflowError:  # ids past 64 bits: as text
+        packed = ",".join(map(str, tokens)).encode()
+    return hashlib.blake2b(packed, digest_size=16).digest()
 
 
 class EmbeddedEngine(Engine, PassThrough):
-    """The OpenAI engine over an embedded llama.cpp server it owns (and its stats sink)."""
+    """The OpenAI engine over an embedded llama.cpp server it owns (and its stats sink).
+
+    Args:
+        server: the llama.cpp server.
+        inner: the OpenAI engine that talks to it.
+        max_text_bytes: bytes of detokenized prompts kept for reuse.
+
+    Attributes:
+        texts: token-id digest -> text, the prompts detokenized lately.
+    """
 
     name = "embedded"
 
-    def __init__(self, server: EmbeddedLlamaServer, inner: OpenAIEngine) -> None:
+    def __init__(
+        self,
+        server: EmbeddedLlamaServer,
+        inner: OpenAIEngine,
+        *,
+        max_text_bytes: int = MAX_TEXT_BYTES,
+    ) -> None:
         self.server = server
         self.inner = inner
         self.sink = inner.sink
-        # token ids -> their text, for the prompts of the questions in flight
-        self._texts: dict[tuple[int, ...], str] = {}
+        # digest of token ids -> their text, for the prompts of the questions in flight
+        self.texts: ByteLRU[bytes, str] = ByteLRU(max_text_bytes)
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, as the inner OpenAI engine does."""
@@ -297,13 +325,11 @@ class EmbeddedEngine(Engine, PassThrough):
         into text with its own tokenizer first.
         """
         if request.prompt is not None and not isinstance(request.prompt, str):
-            tokens = tuple(request.prompt)
-            text = self._texts.get(tokens)
+            key = _digest(request.prompt)
+            text = self.texts.get(key)
             if text is None:
-                text = await self.server.detokenize(tokens)
-                if len(self._texts) >= _MAX_TEXTS:
-                    del self._texts[next(iter(self._texts))]  # the oldest
-                self._texts[tokens] = text
+                text = await self.server.detokenize(request.prompt)
+                self.texts.put(key, text)
             request = dataclasses.replace(request, prompt=text)
         return await self.inner.generate(request)
 

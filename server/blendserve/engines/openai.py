@@ -20,7 +20,7 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   are dispatched anew), so that per upstream ``dispatched = completed +
   failed + cancelled`` plus those in flight.
   Single requests carry distinct seeds: ``seed + i`` for the ``i``-th sample
-  when a seed was given, else random distinct seeds. A call returns exactly
+  when a seed was given (wrapped within 64 bits), else random distinct seeds. A call returns exactly
   ``n`` samples or raises; samples of a failed call are dropped, never reused.
 * Samples carry the upstream's usage. With ``stream``, an upstream whose
   streams carry no usage (llama.cpp's server) is asked for a prompt's token
@@ -28,8 +28,10 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * 429, 5xx and transport errors are retried at most ``max_retries`` times. A
   retry goes at once to a healthy replica this call has not tried, if any;
   otherwise it waits a jittered exponential backoff, or ``Retry-After`` when
-  given (capped at 30 s); a ``Retry-After`` longer than ``max_retry_after``
-  ends the call at once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
+  given (capped at 30 s) the first time in a streak of a replica's throttled
+  answers (:class:`~blendserve.engines._retry.Throttles`); a ``Retry-After``
+  longer than ``max_retry_after`` ends the call at once instead
+  (:class:`~blendserve.engines._retry.RetryPolicy`).
   Other statuses are not retried. A pool timeout (no pooled connection came
   in time, see :mod:`blendserve.engines._http_pool`) is retried too, but it
   is not the replica's failure: it does not count towards its breaker.
@@ -66,9 +68,16 @@ import httpx2
 
 from blendserve._cancel import DeadlinePassed, all_or_cancel, within
 from blendserve.engines._replicas import Replica
-from blendserve.engines._retry import RetryPolicy, exhausted
+from blendserve.engines._retry import RetryPolicy, Throttles, exhausted
 from blendserve.engines._upstreams import Upstreams
-from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
+from blendserve.engines.base import (
+    Engine,
+    EngineHealth,
+    GenerateRequest,
+    Sample,
+    UpstreamReply,
+    shift_seed,
+)
 from blendserve.engines.openai_wire import (
     CHAT,
     COMPLETIONS,
@@ -192,6 +201,7 @@ class OpenAIEngine(Engine, PassThrough):
         self._mode: Literal["chat", "completions"] = mode
         self._timeout = timeout
         self._retry = RetryPolicy(max_retries, backoff_base, max_retry_after)
+        self._throttles = Throttles()
         self._n_support = n_support
         self._stream = stream
         self._session_header = session_header
@@ -276,7 +286,7 @@ class OpenAIEngine(Engine, PassThrough):
 
     def _seeds(self, seed: int | None, start: int, count: int) -> list[int]:
         if seed is not None:
-            return [seed + start + i for i in range(count)]
+            return [shift_seed(seed, start + i) for i in range(count)]
         return self._rng.sample(range(_SEED_SPACE), count)
 
     async def _fan_out(
@@ -317,6 +327,7 @@ class OpenAIEngine(Engine, PassThrough):
                 break
             if self._replicas.has_untried(tried) or self._replicas.pick(key, rotate=False) is None:
                 continue  # another replica now; or every breaker is open: the next acquire fails
+            wait = self._throttles.honour(replica.url, wait, loop.time())
             delay = self._retry.delay(attempt, wait, loop.time(), deadline, self._rng)
             if delay is None:
                 break
@@ -364,6 +375,7 @@ class OpenAIEngine(Engine, PassThrough):
         status = response.status_code
         if 200 <= status < 300:
             self._replicas.record_success(replica)
+            self._throttles.answered(url)
             return self._answered(replica, response, path == CHAT, want, sent)
         error = httpx2.HTTPStatusError(
             f"{url}{path} answered {status}: {error_message(response)}",

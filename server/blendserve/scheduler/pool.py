@@ -3,17 +3,23 @@
 A question joins at once (no grouping wait), is sampled in waves of
 :meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
 with ``n = k``, then smaller top-ups) and is answered as soon as its
-uncertainty is at most the pool's ``tau``, it reaches its cap, its samples
+uncertainty is at most its client's ``tau``, it reaches its cap, its samples
 keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` since its last vote:
 ``stopped="truncated"``, not counted in the pacing) or its caller leaves
 (:meth:`Pool.cancel` ends them all at once with the answers they have: a
-shutdown past its grace). ``tau`` is paced so that the mean samples per
-question meet the pool's budget (or fixed, for a quality target). A
-question's first wave is the share of the budget the pool's finished
-questions call for (:class:`~blendserve.core.flatness.Flatness`: about half
-on flat answers, only what a unanimous question needs on peaked ones).
-Waves of every open question share ``concurrency`` samples in flight: first
-waves go first, then the least sure questions.
+shutdown past its grace).
+
+A question comes from a client (:data:`SHARED_CLIENT` unless named), and
+each client of a pool has its own :class:`ClientPacing`: a ``tau`` paced so
+that the mean samples per question of that client's questions meet the
+pool's budget (or fixed, for a quality target), whatever other clients ask;
+the flatness of its finished questions, which sets the share of the budget
+its next first wave gets (:class:`~blendserve.core.flatness.Flatness`: about
+half on flat answers, only what a unanimous question needs on peaked ones);
+and its own keyer, so its answers take turns at the sympy workers with other
+clients' answers instead of queueing behind them. Waves of every open
+question share ``concurrency`` samples in flight: first waves go first, then
+the least sure questions.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import asyncio
 import heapq
 import itertools
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blendserve.core.flatness import PROBE, Flatness
@@ -35,7 +43,10 @@ from blendserve.scheduler.failures import backoff_s
 from blendserve.scheduler.spec import Keyer, Question
 from blendserve.stats import Stats
 
-__all__ = ["Pool", "PoolSpec"]
+__all__ = ["SHARED_CLIENT", "ClientPacing", "Pool", "PoolSpec"]
+
+#: The client of questions that name none.
+SHARED_CLIENT = ""
 
 
 @dataclass(frozen=True)
@@ -93,10 +104,38 @@ class PoolSpec:
 
 
 @dataclass(eq=False)
+class ClientPacing:
+    """One client's side of a pool: what its own questions learn and key with.
+
+    Attributes:
+        threshold: paces the client's mean samples per question to the pool's budget.
+        flatness: how flat the client's finished questions were: the share of the
+            budget its next first wave gets, and its cap.
+        keyer: keys the client's answers (its own turns at the sympy workers).
+        num_open: the client's questions open now.
+    """
+
+    threshold: PacedThreshold
+    flatness: Flatness
+    keyer: Keyer
+    num_open: int = 0
+
+    @property
+    def tau(self) -> float:
+        """The client's threshold now."""
+        return self.threshold.tau
+
+    def closed(self, _: object = None) -> None:
+        """One of the client's questions ended (answered, or its caller left)."""
+        self.num_open -= 1
+
+
+@dataclass(eq=False)
 class _Open:
     """One open question of the pool."""
 
     question: Question
+    pacing: ClientPacing
     votes: VoteState = field(default_factory=lambda: VoteState(1))
     ballots: Ballots = field(default_factory=Ballots)
     rounds: int = 0
@@ -115,6 +154,10 @@ class Pool:
         keyer: turns a completion into ``(answer, key)``.
         name: the pool's name in its reports.
         sink: where the pool reports (None: where ``engine`` reports).
+        client_keyer: makes each client's keyer, so that clients take turns at
+            the sympy workers (None: every client keys with ``keyer``).
+        max_clients: clients with no open question beyond this many are
+            forgotten, oldest first (their pacing restarts if they come back).
     """
 
     def __init__(
@@ -124,16 +167,25 @@ class Pool:
         keyer: Keyer,
         name: str = "default",
         sink: Stats | None = None,
+        *,
+        client_keyer: Callable[[], Keyer] | None = None,
+        max_clients: int = 1024,
     ) -> None:
-        if spec.concurrency < 1 or spec.max_samples_per_request < 1:
-            raise ValueError("concurrency and max_samples_per_request must be at least 1")
+        if min(spec.concurrency, spec.max_samples_per_request, max_clients) < 1:
+            raise ValueError(
+                "concurrency, max_samples_per_request and max_clients must be at least 1"
+            )
+        spec.threshold()  # a spec with neither a budget nor a target fails here
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
         self.name = name
         self.sink = sink if sink is not None else engine.sink
-        self.flatness = Flatness()
-        self.threshold = spec.threshold()
+        self.max_clients = max_clients
+        self._client_keyer = client_keyer
+        self._clients: OrderedDict[str, ClientPacing] = OrderedDict()
+        self.num_questions = 0  # paced questions answered, every client's
+        self.num_samples = 0
         self._free = spec.concurrency
         self._waiting: list[tuple[float, int, int, asyncio.Future[None]]] = []
         self._order: itertools.count[int] = itertools.count()
@@ -142,26 +194,55 @@ class Pool:
         self.num_open = 0
         self.num_rounds = 0
 
-    def submit(self, question: Question) -> asyncio.Task[AnswerEvent]:
-        """Adds a question at once; the task ends with its answer.
+    def submit(self, question: Question, client: str = SHARED_CLIENT) -> asyncio.Task[AnswerEvent]:
+        """Adds a question of ``client`` at once; the task ends with its answer.
 
         Cancelling the task (the caller left) stops the question's samples;
         it then does not count towards the pacing.
         """
-        task = asyncio.get_running_loop().create_task(self._run(question))
+        pacing = self.pacing(client)
+        task = asyncio.get_running_loop().create_task(self._run(question, pacing))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Counted from now (not once it runs), so that the client is not forgotten meanwhile.
+        pacing.num_open += 1
+        task.add_done_callback(pacing.closed)
         return task
 
-    @property
-    def rule(self) -> StoppingRule:
-        """The stopping rule of the next question: its first wave and cap as the pool learned."""
-        return self.spec.rule(self.flatness if self.threshold.paced else None)
+    def pacing(self, client: str = SHARED_CLIENT) -> ClientPacing:
+        """``client``'s threshold, flatness and keyer (made when first asked for)."""
+        pacing = self._clients.get(client)
+        if pacing is not None:
+            self._clients.move_to_end(client)
+            return pacing
+        for name, old in list(self._clients.items()):
+            if len(self._clients) < self.max_clients:
+                break
+            if old.num_open == 0:
+                del self._clients[name]
+        keyer = self._client_keyer() if self._client_keyer is not None else self.keyer
+        pacing = self._clients[client] = ClientPacing(self.spec.threshold(), Flatness(), keyer)
+        return pacing
+
+    def rule(self, client: str = SHARED_CLIENT) -> StoppingRule:
+        """The stopping rule of ``client``'s next question: first wave and cap as it learned."""
+        return self._rule(self.pacing(client))
+
+    def _rule(self, pacing: ClientPacing) -> StoppingRule:
+        return self.spec.rule(pacing.flatness if pacing.threshold.paced else None)
 
     @property
-    def tau(self) -> float:
-        """The threshold now."""
-        return self.threshold.tau
+    def mean_samples(self) -> float:
+        """Mean samples per paced question answered, over every client (0 before the first)."""
+        return self.num_samples / self.num_questions if self.num_questions else 0.0
+
+    @property
+    def pacing_error(self) -> float:
+        """``mean_samples / budget - 1`` over every client (0: a fixed threshold, or none yet)."""
+        budget = self.spec.budget_per_question
+        if budget is None or self.spec.target is not None or not self.num_questions:
+            return 0.0
+        return self.mean_samples / budget - 1.0
 
     def cancel(self, reason: str) -> None:
         """Ends every open question now with the samples it has, as a cancelled job's.
@@ -181,9 +262,10 @@ class Pool:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run(self, question: Question) -> AnswerEvent:
-        state = _Open(question)
-        rule = self.rule
+    async def _run(self, question: Question, pacing: ClientPacing) -> AnswerEvent:
+        state = _Open(question, pacing)
+        rule = self._rule(pacing)
+        threshold = pacing.threshold
         self._open.add(state)
         self.num_open += 1
         self.sink.queued(1)
@@ -192,7 +274,7 @@ class Pool:
             while True:
                 if state.cut:
                     return self._answer(state, partial=True, capped=False)
-                log_tau = self.threshold.log_tau
+                log_tau = threshold.log_tau
                 n = state.votes.num_samples[0]
                 wave = rule.wave_size(*state.votes.state(0), n, log_tau)
                 if wave == 0:
@@ -224,27 +306,24 @@ class Pool:
                 failures = 0
                 state.rounds += 1
                 await self._record(state, samples)
-                self.threshold.spend(n, state.votes.num_samples[0])
+                threshold.spend(n, state.votes.num_samples[0])
                 state.paced = state.votes.num_samples[0]
                 if state.ballots.stop_if_cut():  # not paced: its spend says nothing of tau
                     return self._answer(state, partial=False, capped=False)
             # Stopped below tau, else at the cap (the same tau decided both).
             confident = rule.is_done(*state.votes.state(0), 0, log_tau)
             event = self._answer(state, partial=False, capped=not confident)
-            self.threshold.observe(event.samples)
-            self.flatness.observe(tuple(state.first_keys))
+            threshold.observe(event.samples)
+            pacing.flatness.observe(tuple(state.first_keys))
             self.num_rounds += state.rounds
-            threshold = self.threshold
+            self.num_questions += 1
+            self.num_samples += event.samples
             self.sink.pool_answered(
-                self.name,
-                state.rounds,
-                threshold.tau,
-                threshold.mean_samples,
-                threshold.pacing_error,
+                self.name, state.rounds, threshold.tau, self.mean_samples, self.pacing_error
             )
             return event
         finally:
-            self.threshold.close(state.paced)
+            threshold.close(state.paced)
             self._open.discard(state)
             self.num_open -= 1
             self.sink.queued(-1)
@@ -304,7 +383,7 @@ class Pool:
 
     async def _record(self, state: _Open, samples: list[Sample]) -> None:
         for sample in samples:
-            key = await state.ballots.add(sample, self.keyer)
+            key = await state.ballots.add(sample, state.pacing.keyer)
             self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             state.votes.add(0, key)
             if len(state.first_keys) < PROBE:

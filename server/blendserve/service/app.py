@@ -23,7 +23,7 @@ from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.openai.served import ServedModels
 from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.prometheus import PrometheusStats
-from blendserve.service.security import ApiKeyAuth
+from blendserve.service.security import ApiKeyAuth, ClientIds
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
 from blendserve.service.solve.routes import router as solve_router
@@ -45,7 +45,8 @@ def create_app(
         engine_factory: builds the engine at startup (default: from ``settings``);
             tests pass a ready engine this way.
         answer_keys: the answer keys' workers and cache, shared with the caller
-            (default: the app's own, started and stopped with it).
+            (default: the app's own, ``settings.sympy_workers`` of them, started and
+            stopped with it).
 
     Raises:
         OSError: the API key file cannot be read.
@@ -64,7 +65,10 @@ def create_app(
         app.state.served_models = ServedModels(
             engine, allow_aliases=settings.allow_model_aliases, default=settings.model
         )
-        keys = answer_keys if answer_keys is not None else answers.AnswerKeys()
+        keys = answer_keys
+        if keys is None:
+            keys = answers.AnswerKeys()
+            keys.configure(workers=settings.sympy_workers)
         app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,
@@ -84,6 +88,7 @@ def create_app(
             score=settings.sc_score,
             cap=settings.sc_cap,
             running=app.state.running,
+            models=app.state.served_models.known,
         )
         app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
@@ -101,6 +106,7 @@ def create_app(
 
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
     app.state.running = RunningJobs()
+    app.state.clients = ClientIds(bool(api_keys), settings.client_header)
     install_error_handlers(app)
     app.include_router(system_router)
     app.include_router(solve_router)

@@ -25,6 +25,7 @@ from blendserve.errors import (
     ServiceOverloaded,
 )
 from blendserve.service.disconnect import ClientGone
+from blendserve.service.json_depth import deep_field_in, depth_message
 
 __all__ = [
     "ErrorDetail",
@@ -157,6 +158,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette's and FastAPI's own refusals (unreadable body, 404, 405) in the same shape.
     assert isinstance(exc, HTTPException)
+    if isinstance(exc.__cause__, RecursionError):  # a body nested too deep for json.loads
+        param = deep_field_in(await request.body())
+        message = f"{param}: {depth_message()}" if param else depth_message()
+        return JSONResponse(error_body(message, "invalid_request_error", 422, param or None), 422)
     type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
     body = error_body(str(exc.detail), type_, exc.status_code)
     return JSONResponse(body, exc.status_code, headers=exc.headers)

@@ -27,7 +27,8 @@ __all__ = ["JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
 def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
     """``text -> (answer, canonical key)`` for one answer format, off the event loop.
 
-    Each keyer (one per job) is its own owner of the sympy workers' time.
+    Each keyer (one per job, or per client of a pool) is its own owner of the
+    sympy workers' time.
 
     Args:
         kind: the answer kind.
@@ -90,7 +91,8 @@ class JobMaker:
     """Makes a request's job or pool: the service's engine, answer keys and defaults.
 
     Each job or pool gets the engine as its answer format needs it (see
-    :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own.
+    :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own;
+    each client of a pool gets one too.
 
     Attributes:
         engine: where samples come from.
@@ -146,4 +148,5 @@ class JobMaker:
             concurrency=options.concurrency or self.defaults.concurrency,
             request_timeout=self.defaults.request_timeout,
         )
-        return Pool(spec, *self._parts(options), name)
+        engine, keyer = self._parts(options)
+        return Pool(spec, engine, keyer, name, client_keyer=lambda: options.keyer(self.keys))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 from fastapi import APIRouter
@@ -13,16 +15,27 @@ from blendserve import metrics
 __all__ = ["RequestMetrics", "router"]
 
 router = APIRouter()
+#: One render at a time: concurrent scrapes take turns in their worker threads.
+_RENDERING = threading.Lock()
+
+
+def _render() -> bytes:
+    with _RENDERING:
+        return metrics.exposition()
 
 
 @router.get("/metrics", include_in_schema=False)
 async def prometheus_metrics() -> Response:
-    """Every metric in Prometheus's text format."""
-    return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE_LATEST)
+    """Every metric in Prometheus's text format, rendered off the event loop."""
+    body = await asyncio.to_thread(_render)
+    return Response(body, media_type=metrics.CONTENT_TYPE_LATEST)
 
 
 class RequestMetrics:
-    """Counts requests by route template (never the raw path) and status, and times them."""
+    """Counts requests by route template (never the raw path) and status, and times them.
+
+    A request no route matched (any path a client makes up) counts as ``unmatched``.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

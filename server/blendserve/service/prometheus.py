@@ -77,3 +77,7 @@ class PrometheusStats(Stats):
         metrics.ONLINE_MEAN_SAMPLES.labels(pool).set(mean_samples)
         metrics.ONLINE_PACING_ERROR.labels(pool).set(pacing_error)
         metrics.ONLINE_QUESTIONS.labels(pool).inc()
+
+    def pool_dropped(self, pool: str) -> None:
+        """Removes the series of the pool label ``pool``."""
+        metrics.pool_dropped(pool)

@@ -92,6 +92,19 @@ class Settings(BaseSettings):
     group_max: int = Field(
         256, ge=1, description="/v1 grouped: questions that start a group at once"
     )
+    sympy_workers: int = Field(
+        2,
+        ge=1,
+        description="processes that key math answers with sympy (about 150 MB each); from 2, "
+        "one is kept for a client or job holding none, so one's slow answers do not delay "
+        "another's",
+    )
+    client_header: str | None = Field(
+        None,
+        description="/v1 online, on a service without API keys: the request header naming the "
+        "client that pools pace and share the sympy workers by (unset: one shared client; "
+        "with API keys, each key is a client)",
+    )
     allow_model_aliases: bool = Field(
         False,
         description="/v1: accept any model name, as the served model (else a name that "

@@ -15,9 +15,10 @@ from pydantic_core import PydanticCustomError
 
 from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
-from blendserve.engines.base import SamplingParams
+from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
 from blendserve.errors import RequestValidationError
 from blendserve.service.fields import RequestModel
+from blendserve.service.json_depth import deep_field, depth_message
 
 if TYPE_CHECKING:
     from blendserve.scheduler import AnswerEvent
@@ -35,6 +36,7 @@ __all__ = [
     "StoppedOut",
     "check_extra",
     "check_messages",
+    "check_nesting",
     "check_policy",
     "invalid_field",
     "not_null",
@@ -74,6 +76,18 @@ _ENGINE_OWNED = ("n", "seed", "stream")
 def invalid_field(param: str, message: str) -> PydanticCustomError:
     """A validation error that names the request field at fault (``error.param``)."""
     return PydanticCustomError("invalid_field", "{message}", {"message": message, "param": param})
+
+
+def check_nesting(data: Any) -> Any:
+    """A request body as is, unless it nests too deep (a 422, see :mod:`~blendserve.service.json_depth`).
+
+    For a ``mode="before"`` model validator of a route's body: the check runs on
+    the parsed JSON before any field is read.
+    """
+    param = deep_field(data)
+    if param is not None:
+        raise invalid_field(param, depth_message())
+    return data
 
 
 def check_policy(value: str) -> str:
@@ -226,7 +240,9 @@ class SamplingIn(RequestModel):
     min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(
+        None, ge=SEED_MIN, le=SEED_MAX, description="64-bit signed; a question's i-th sample gets seed + i (wrapping)"
+    )
     extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
 
     @field_validator("extra")

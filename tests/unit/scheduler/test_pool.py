@@ -1,6 +1,7 @@
 """The always-open pool on the replay engine: waves, stopping, pacing, leaving, failures."""
 
 import asyncio
+import itertools
 import math
 import random
 from collections import Counter
@@ -9,12 +10,14 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.answers import extract
+from blendserve.core.flatness import Flatness
 from blendserve.engines.base import SamplingParams
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, Question
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT
 from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.scheduler.spec import Keyer
 
 from tests.support.fake_engine import FakeEngine, SeedRecordingEngine
 from tests.support.stats import RecordingStats
@@ -58,11 +61,11 @@ def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
 
     answers = _run(stream())
     samples = [a.samples for a in answers]
-    assert sum(samples) == engine.stats.samples == pool.threshold.num_samples
+    assert sum(samples) == engine.stats.samples == pool.pacing().threshold.num_samples
     assert abs(sum(samples) / len(samples) / 5 - 1) < 0.15
     # The spec's cap bounds every question (a flat pool learns a lower one).
     assert max(samples) <= pool.spec.rule().max_num_samples
-    assert pool.rule.max_num_samples <= pool.spec.rule().max_num_samples
+    assert pool.rule().max_num_samples <= pool.spec.rule().max_num_samples
     clear = [
         (i, a) for i, a in enumerate(answers) if _records(240)[i]["answers"].count(str(i)) != 10
     ]
@@ -112,7 +115,7 @@ def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
         assert engine.stats.in_flight == 0 and pool.num_open == 0
 
     _run(leave())
-    assert pool.threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+    assert pool.pacing().threshold.num_questions == 0 and pool._free == pool.spec.concurrency
 
 
 def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() -> None:
@@ -138,7 +141,7 @@ def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() ->
     assert event.partial and not event.settled_early
     assert 0 < event.samples == sum(event.votes.values()) == len(engine.served)
     assert event.answer in ("1", "2")
-    assert pool.threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+    assert pool.pacing().threshold.num_questions == 0 and pool._free == pool.spec.concurrency
 
 
 def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
@@ -150,7 +153,7 @@ def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
 
     with pytest.raises(EngineUnavailable):
         _run(ask())
-    assert math.isfinite(pool.tau)
+    assert math.isfinite(pool.pacing().tau)
 
 
 def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
@@ -175,7 +178,7 @@ def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() ->
     engine = FakeEngine({"q0": [("cut", 1.0)], "q1": [("7", 0.7), ("8", 0.3)]}, seed=3)
     sink = RecordingStats()
     pool = Pool(PoolSpec(budget_per_question=7), engine, _keyer, sink=sink)
-    first_wave = pool.rule.wave_size(0, 0, 0, 0, pool.threshold.log_tau)
+    first_wave = pool.rule().wave_size(0, 0, 0, 0, pool.pacing().threshold.log_tau)
     assert TRUNCATED_LIMIT <= first_wave <= 4  # the first wave alone is enough to stop
 
     async def ask() -> list[AnswerEvent]:
@@ -190,7 +193,81 @@ def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() ->
     assert fine.stopped is None and fine.answer == "7" and fine.settled_early
     assert fine.samples == served["q1"] > cut.samples
     # Only the answered question paces tau; the cut one is reported as not settled.
-    assert pool.threshold.num_questions == 1 and pool.threshold.num_samples == fine.samples
+    paced = pool.pacing().threshold
+    assert paced.num_questions == 1 and paced.num_samples == fine.samples
     answered = sorted((args[0], args[3]) for args in sink.of("answered"))
     assert answered == sorted([(cut.samples, False), (fine.samples, True)])
     assert pool.num_open == 0 and pool._free == pool.spec.concurrency
+
+
+def test_a_clients_flood_of_unanimous_questions_does_not_move_another_clients_pacing() -> None:
+    records = [{"id": f"e{i}", "answers": ["7"]} for i in range(200)] + _records(40, seed=4)
+    engine = ReplayEngine(records, seed=1)
+    pool = Pool(PoolSpec(budget_per_question=8), engine, _keyer)
+    fresh = pool.spec.threshold().tau
+
+    async def flood() -> list[AnswerEvent]:
+        answers = []
+        for start in range(0, 200, 20):
+            batch = [
+                pool.submit(Question(f"e{i}", prompt="7?"), "flood")
+                for i in range(start, start + 20)
+            ]
+            answers += await asyncio.gather(*batch)
+        return answers
+
+    _run(flood())
+    flooding, other = pool.pacing("flood"), pool.pacing("other")
+    # The flooding client's threshold fell so that its own spend meets the budget ...
+    assert flooding.tau < fresh / 4 and flooding.flatness.disagreement < 0.1
+    assert abs(flooding.threshold.mean_samples / 8 - 1) < 0.2
+    # ... and the other client starts where a fresh pool does: tau, first wave and cap.
+    assert other.tau == fresh and other.threshold.num_questions == 0
+    assert pool.rule("other") == pool.spec.rule(Flatness())
+    assert pool.rule("flood").min_first < pool.rule("other").min_first == 4
+
+    async def ask() -> list[AnswerEvent]:
+        return list(await asyncio.gather(*(pool.submit(_question(i), "other") for i in range(40))))
+
+    answers = _run(ask())
+    assert other.threshold.num_questions == 40 == len(answers)
+    assert pool.num_questions == 240 and pool.mean_samples == pool.num_samples / 240
+    # The pool's unnamed client is a client of its own.
+    assert pool.pacing().threshold.num_questions == 0
+
+
+def test_each_client_keys_with_a_keyer_of_its_own_and_idle_clients_are_forgotten() -> None:
+    records = [{"id": f"q{i}", "answers": ["5"]} for i in range(6)]
+    engine = ReplayEngine(records, seed=1, latency=LatencyModel(fixed=0.01))
+    keyed: list[int] = []  # which keyer keyed each sample
+    made = itertools.count()
+
+    def client_keyer() -> Keyer:
+        number = next(made)
+
+        async def keyer(text: str) -> tuple[str | None, str | None]:
+            keyed.append(number)
+            return await _keyer(text)
+
+        return keyer
+
+    pool = Pool(
+        PoolSpec(budget_per_question=4), engine, _keyer, client_keyer=client_keyer, max_clients=2
+    )
+
+    async def scenario() -> None:
+        first = pool.pacing("a")  # keyer 0
+        await pool.submit(_question(0), "a")
+        await pool.submit(_question(1), "b")  # keyer 1
+        assert pool.pacing("a") is first  # known, and now the most recent
+        open_c = pool.submit(_question(2), "c")  # keyer 2; over max_clients: b, idle, goes
+        pool.pacing("d")  # keyer 3; a is idle and goes, c's question is open: c stays
+        assert pool.pacing("c").num_open == 1 and not open_c.done()
+        await open_c
+        assert pool.pacing("c").num_open == 0
+        assert pool.pacing("a") is not first  # forgotten: keyer 4, its pacing from the start
+
+    _run(scenario())
+    assert next(made) == 5
+    assert set(keyed) == {0, 1, 2}  # a's answers with a's keyer, b's with b's, c's with c's
+    assert pool.num_open == 0

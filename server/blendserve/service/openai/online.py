@@ -1,9 +1,9 @@
 """The drop-in's default: each question joins an always-open pool and stops once confident.
 
 One pool per (model, answer format, sampling parameters, budget or quality
-target); its ``tau`` is paced to the budget (see ``scheduler/pool.py``).
-Requests join at once, with no grouping wait, and share the engine through
-their pool.
+target); each client's ``tau`` in it is paced to the budget (see
+``scheduler/pool.py``). Requests join at once, with no grouping wait, and
+share the engine through their pool.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import AnswerEvent, Question
-from blendserve.scheduler.pool import Pool
+from blendserve.scheduler.pool import SHARED_CLIENT, Pool
 from blendserve.service.jobs import JobMaker, JobOptions
 from blendserve.service.openai.grouping import Grouper, Ticket
+from blendserve.service.openai.pool_labels import PoolLabels
 from blendserve.service.shutdown import RunningJobs
 
 __all__ = ["DropIn", "OnlinePools", "OnlineTicket"]
@@ -52,9 +53,12 @@ class OnlinePools:
         maker: makes each pool.
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, a multiple of the budget.
-        max_pools: idle pools beyond this many are dropped (their pacing restarts).
+        max_pools: idle pools beyond this many are dropped (their pacing restarts, and
+            their label's series go once no pool has the label).
         running: where the pools are tracked for a shutdown, whose grace ends their
             open questions with partial answers (None: a set of its own).
+        models: the model names the operator configured, which a pool's label may
+            name (see :mod:`~blendserve.service.openai.pool_labels`).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class OnlinePools:
         cap: float = DEFAULT_CAP,
         max_pools: int = 64,
         running: RunningJobs | None = None,
+        models: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.maker = maker
         self.score = score
@@ -72,6 +77,7 @@ class OnlinePools:
         self.max_pools = max_pools
         self.running = running if running is not None else RunningJobs()
         self.pools: dict[str, Pool] = {}
+        self.labels = PoolLabels(models)
         self._ids = itertools.count()
 
     def pool(
@@ -83,15 +89,18 @@ class OnlinePools:
         pool = self.pools.get(key)
         if pool is None:
             self._evict()
-            aim = f"b{budget_per_question:g}" if target is None else f"t{target:g}"
+            label = self.labels.label(
+                settings.model, settings.answer_kind, budget_per_question, target
+            )
             pool = self.maker.pool(
                 settings,
-                f"{settings.model or 'default'}/{settings.answer_kind}/{aim}",
+                label,
                 budget_per_question=None if target is not None else budget_per_question,
                 target=target,
                 score=self.score,
                 cap=self.cap,
             )
+            self.labels.hold(label)
             self.pools[key] = self.running.add_pool(pool)
         return pool
 
@@ -101,8 +110,9 @@ class OnlinePools:
         questions: Sequence[Question],
         budget_per_question: float,
         confidence: float | None = None,
+        client: str = SHARED_CLIENT,
     ) -> OnlineTicket:
-        """Adds a request's questions to their pool at once."""
+        """Adds a request's questions to their pool at once, as ``client``'s."""
         pool = self.pool(settings, budget_per_question, confidence)
         tasks = []
         for question in questions:
@@ -110,7 +120,7 @@ class OnlinePools:
             unique = Question(
                 f"{next(self._ids)}:{question.id}", question.prompt, question.messages
             )
-            tasks.append(pool.submit(unique))
+            tasks.append(pool.submit(unique, client))
         return OnlineTicket(tasks)
 
     def _evict(self) -> None:
@@ -119,6 +129,8 @@ class OnlinePools:
         for key, pool in list(self.pools.items()):
             if pool.num_open == 0:
                 del self.pools[key]
+                if self.labels.release(pool.name):
+                    pool.sink.pool_dropped(pool.name)
                 if len(self.pools) < self.max_pools:
                     return
         raise ServiceOverloaded(
@@ -150,10 +162,11 @@ class DropIn:
         *,
         confidence: float | None = None,
         policy_asked: bool = False,
+        client: str = SHARED_CLIENT,
     ) -> OnlineTicket | Ticket:
-        """Sends a request's questions to a pool, or to a group when asked to."""
+        """Sends a request's questions to a pool (as ``client``'s), or to a group when asked to."""
         if confidence is not None or (self.online and not policy_asked):
-            return self.pools.submit(settings, questions, budget_per_question, confidence)
+            return self.pools.submit(settings, questions, budget_per_question, confidence, client)
         return self.grouper.submit(settings, questions, budget_per_question)
 
     async def aclose(self) -> None:

@@ -34,6 +34,7 @@ from blendserve.service.openai.schemas import (
     CompletionRequest,
 )
 from blendserve.service.openai.served import ServedModels
+from blendserve.service.security import ClientIds
 from blendserve.service.settings import Settings
 from blendserve.service.vocabulary import check_extra
 
@@ -102,6 +103,7 @@ async def _self_consistent(
 ) -> Response | Any:
     settings: Settings = request.app.state.settings
     grouper: DropIn = request.app.state.grouper
+    clients: ClientIds = request.app.state.clients
     options = body.blendserve
     answer = options.answer
     budget = options.budget_per_question or settings.sc_budget_per_question
@@ -139,6 +141,7 @@ async def _self_consistent(
             confidence=None if one_sample else options.confidence,
             # A job spends exactly its budget (one sample each); a pool paces a mean.
             policy_asked=options.policy is not None or one_sample,
+            client=clients.of(request.headers),
         )
         # Each question gives its slot back once answered, not when its request or its
         # group ends: a question answered early in a large request, or a stream read

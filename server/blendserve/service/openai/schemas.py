@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from blendserve.engines.base import SamplingParams
+from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
 from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
@@ -22,6 +22,7 @@ from blendserve.service.vocabulary import (
     ConfidenceOut,
     StoppedOut,
     check_messages,
+    check_nesting,
     check_policy,
     invalid_field,
     sampling_params,
@@ -109,8 +110,15 @@ class _Request(RequestModel):
     min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(
+        None, ge=SEED_MIN, le=SEED_MAX, description="64-bit signed; a question's i-th sample gets seed + i (wrapping)"
+    )
     blendserve: BlendserveOptions = Field(default_factory=BlendserveOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        return check_nesting(data)
 
     @model_validator(mode="after")
     def _sc_compatible(self) -> _Request:

@@ -64,6 +64,13 @@ class ServedModels:
                 self._listed_at = self._clock()
             return self._names
 
+    def known(self) -> set[str]:
+        """The names the operator's side gave: the default model and the engine's last list."""
+        names = set(self._names)
+        if self.default is not None:
+            names.add(self.default)
+        return names
+
     async def resolve(self, asked: str | None) -> str | None:
         """The model a request naming ``asked`` runs on (None: the engine's default).
 

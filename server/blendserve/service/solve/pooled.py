@@ -50,7 +50,7 @@ class PooledJob:
     @property
     def budget(self) -> int:
         """The cap times the questions: the most the batch may spend."""
-        return self.pool.rule.max_num_samples * len(self.questions)
+        return self.pool.rule().max_num_samples * len(self.questions)
 
     def cancel(self, reason: str) -> None:
         """Ends the batch now: every open question answers with what it has (partial)."""

@@ -19,6 +19,7 @@ from blendserve.service.vocabulary import (
     SamplingIn,
     StoppedOut,
     check_messages,
+    check_nesting,
     check_policy,
     invalid_field,
     not_null,
@@ -135,6 +136,11 @@ class SolveRequest(RequestModel):
         None, ge=1, le=1_000_000, description="with confidence: the cap (default 64)"
     )
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        return check_nesting(data)
 
     @field_validator("policy")
     @classmethod
