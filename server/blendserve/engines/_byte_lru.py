@@ -37,9 +37,7 @@ class ByteLRU(Generic[K, V]):
             values that hold other objects need their own).
     """
 
-    def __init__(
-        self, max_bytes: int, size: Callable[[K, V], int] = object_bytes
-    ) -> None:
+    def __init__(self, max_bytes: int, size: Callable[[K, V], int] = object_bytes) -> None:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes

@@ -21,6 +21,7 @@ from blendserve.service.openai.grouping import Grouper
 from blendserve.service.openai.online import DropIn, OnlinePools
 from blendserve.service.openai.routes import router as openai_router
 from blendserve.service.openai.served import ServedModels
+from blendserve.service.openai.tokenizer import TOKENIZER_BODY_PATHS
 from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.prometheus import PrometheusStats
 from blendserve.service.security import ApiKeyAuth, ClientIds
@@ -114,7 +115,12 @@ def create_app(
     app.include_router(tokenizer_router)
     app.include_router(metrics_router)
     # The last added runs first: count every request, then check its key, then its size.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    tokenizer_bytes = settings.max_tokenizer_body_bytes
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        path_bytes=dict.fromkeys(TOKENIZER_BODY_PATHS, tokenizer_bytes),
+    )
     app.add_middleware(ApiKeyAuth, keys=api_keys, protect_metrics=settings.metrics_auth)
     app.add_middleware(RequestMetrics)
     return app

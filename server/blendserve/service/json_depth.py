@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from itertools import islice
+from typing import Any
 
 __all__ = ["MAX_JSON_DEPTH", "deep_field", "deep_field_in", "depth_message"]
 
@@ -40,13 +41,13 @@ def _param(path: Sequence[str | int]) -> str:
     return ".".join(str(part) for part in path[: min(keyed, _PARAM_PARTS)])
 
 
-def _too_deep(value: object, limit: int) -> bool:
+def _too_deep(value: Any, limit: int) -> bool:
     """Whether ``value`` nests deeper than ``limit``: a walk one level at a time, no paths."""
     level = [value] if type(value) in _CONTAINERS else []
     for _ in range(limit):
-        below: list[object] = []
+        below: list[Any] = []
         for item in level:
-            children = item.values() if type(item) is dict else item  # type: ignore[attr-defined]
+            children = item.values() if type(item) is dict else item
             if not _CONTAINERS.isdisjoint(map(type, children)):
                 below += [child for child in children if type(child) in _CONTAINERS]
         if not below:
@@ -55,19 +56,19 @@ def _too_deep(value: object, limit: int) -> bool:
     return True
 
 
-def _path_below(value: object, limit: int) -> Path:
+def _path_below(value: Any, limit: int) -> Path:
     """The keys and indices down to a container nested deeper than ``limit`` (one is)."""
-    pending: list[tuple[object, Path]] = [(value, ())]
+    pending: list[tuple[Any, Path]] = [(value, ())]
     while pending:
         item, path = pending.pop()
         if len(path) == limit:
             return path
-        pairs = item.items() if isinstance(item, dict) else enumerate(item)  # type: ignore[call-overload]
-        pending += [((child, (*path, key))) for key, child in pairs if type(child) in _CONTAINERS]
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        pending += [(child, (*path, key)) for key, child in pairs if type(child) in _CONTAINERS]
     return ()
 
 
-def deep_field(value: object, limit: int = MAX_JSON_DEPTH) -> str | None:
+def deep_field(value: Any, limit: int = MAX_JSON_DEPTH) -> str | None:
     """The field of a parsed JSON ``value`` that nests deeper than ``limit``; None: none does.
 
     The field is named by its keys and indices joined by dots, as ``error.param``
@@ -82,15 +83,17 @@ def deep_field(value: object, limit: int = MAX_JSON_DEPTH) -> str | None:
 def deep_field_in(body: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
     """:func:`deep_field` of a JSON body read as bytes (one too deep for ``json.loads``).
 
-    Only the first 100,000 tokens are read: a field nested deeper past them
-    is named by an empty string. Keys that hold escaped quotes or backslashes
-    are named without them.
+    Only the first 100,000 tokens are read: past them, an empty string (the
+    body may nest too deep further on). Keys that hold escaped quotes or
+    backslashes are named without them.
     """
     text = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     path: list[str | int] = []  # per open array or object: the index or key being read
     objects: list[bool] = []
     string = b""
+    tokens = 0
     for match in islice(_TOKENS.finditer(text), _SCAN_TOKENS):
+        tokens += 1
         token = match.group()
         head = token[:1]
         if head in (b"[", b"{"):
@@ -109,5 +112,4 @@ def deep_field_in(body: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
                 path[-1] = string.decode(errors="replace")
         elif objects:
             path[-1] = int(path[-1]) + token.count(b",")
-    return None
-
+    return "" if tokens == _SCAN_TOKENS else None

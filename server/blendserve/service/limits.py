@@ -201,7 +201,8 @@ LARGE_BODY_BYTES = 64 * 1024
 class BodySizeLimit:
     """Answers 413 to a request body over ``max_bytes``, declared or streamed.
 
-    The 413 closes the connection: the rest of the body is never read.
+    The 413 closes the connection: the rest of the body is never read. Paths in
+    ``path_bytes`` have a limit of their own instead (the tokenizer routes).
 
     The application parses and validates a body in one step of the event
     loop, tens of milliseconds for 10,000 questions; ten such bodies arriving
@@ -211,25 +212,29 @@ class BodySizeLimit:
     earliest one turn later.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_bytes: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_bytes = dict(path_bytes or {})
         self._large = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_bytes.get(scope.get("path", ""), self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(send, limit)
             return
-        read = await self._read(receive)
+        read = await self._read(receive, limit)
         if read is None:
             return  # the client left (or a body deadline passed) before its body was in
         messages, received = read
-        if received > self.max_bytes:
-            await self._refuse(send)
+        if received > limit:
+            await self._refuse(send, limit)
             return
         replay = iter(messages)
         held = received >= LARGE_BODY_BYTES
@@ -257,7 +262,7 @@ class BodySizeLimit:
         finally:
             hand_over()
 
-    async def _read(self, receive: Receive) -> tuple[list[Message], int] | None:
+    async def _read(self, receive: Receive, limit: int) -> tuple[list[Message], int] | None:
         """The whole body's messages and size (stopping once over the limit); None: gone.
 
         Read whole before the app sees it: a body over the limit never reaches a handler.
@@ -270,9 +275,9 @@ class BodySizeLimit:
                 return None
             messages.append(message)
             received += len(message.get("body", b""))
-            if received > self.max_bytes or not message.get("more_body", False):
+            if received > limit or not message.get("more_body", False):
                 return messages, received
 
-    async def _refuse(self, send: Send) -> None:
-        message = f"request body over {self.max_bytes} bytes"
+    async def _refuse(self, send: Send, limit: int) -> None:
+        message = f"request body over {limit} bytes"
         await send_error(send, 413, message, headers=[(b"connection", b"close")])

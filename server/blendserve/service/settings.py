@@ -136,8 +136,11 @@ class Settings(BaseSettings):
         1 << 20, ge=1, description="UTF-8 bytes of one prompt (more: 422)"
     )
     max_body_bytes: int = Field(16 << 20, ge=1, description="bytes of a request body (more: 413)")
+    max_tokenizer_body_bytes: int = Field(
+        1 << 20, ge=1, description="bytes of a /tokenize or /detokenize body (more: 413)"
+    )
     max_concurrent_jobs: int = Field(
-        64, ge=1, description="/solve jobs and /v1 requests at once (more: 429)"
+        64, ge=1, description="/solve jobs, /v1 and tokenizer requests at once (more: 429)"
     )
     max_queued_questions: int = Field(
         100_000, ge=1, description="questions running at once (more: 429)"

@@ -79,10 +79,10 @@ def invalid_field(param: str, message: str) -> PydanticCustomError:
 
 
 def check_nesting(data: Any) -> Any:
-    """A request body as is, unless it nests too deep (a 422, see :mod:`~blendserve.service.json_depth`).
+    """A request body as is, unless it nests too deep: a 422 naming the field.
 
     For a ``mode="before"`` model validator of a route's body: the check runs on
-    the parsed JSON before any field is read.
+    the parsed JSON before any field is read (see :mod:`blendserve.service.json_depth`).
     """
     param = deep_field(data)
     if param is not None:
@@ -241,7 +241,10 @@ class SamplingIn(RequestModel):
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: str | list[str] | None = None
     seed: int | None = Field(
-        None, ge=SEED_MIN, le=SEED_MAX, description="64-bit signed; a question's i-th sample gets seed + i (wrapping)"
+        None,
+        ge=SEED_MIN,
+        le=SEED_MAX,
+        description="64-bit signed; a question's i-th sample gets seed + i (wrapping)",
     )
     extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
 

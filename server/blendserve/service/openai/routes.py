@@ -209,9 +209,18 @@ async def _pass_through(
     if body.model is not None:
         raw["model"] = body.model  # the model an alias stands for
     engine: Engine = request.app.state.engine
-    # Held until the reply has been relayed: passed-through requests count as jobs too.
-    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    async with admitted(request, 1, param=param) as held:
+    # Held until the reply has been relayed: passed-through requests count as jobs too,
+    # and their samples (n a prompt) are bounded as a voted request's are.
+    asked = body.prompts if isinstance(body, CompletionRequest) else [body.messages]
+    param, prompts = _prompt_fields(body, asked)
+    async with admitted(
+        request,
+        len(prompts),
+        param=param,
+        prompts=prompts,
+        budget=body.n * len(prompts),
+        budget_param="n",
+    ) as held:
         forwarded = engine.forward(path, raw) if isinstance(engine, PassThrough) else None
         reply = await held.wait(forwarded) if forwarded is not None else None
         if reply is not None:

@@ -111,7 +111,10 @@ class _Request(RequestModel):
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
     stop: str | list[str] | None = None
     seed: int | None = Field(
-        None, ge=SEED_MIN, le=SEED_MAX, description="64-bit signed; a question's i-th sample gets seed + i (wrapping)"
+        None,
+        ge=SEED_MIN,
+        le=SEED_MAX,
+        description="64-bit signed; a question's i-th sample gets seed + i (wrapping)",
     )
     blendserve: BlendserveOptions = Field(default_factory=BlendserveOptions)
 

@@ -5,43 +5,90 @@ the server root for ``GET /tokenizer_info``, ``POST /tokenize`` and
 ``POST /detokenize``. blendserve has no tokenizer of its own: each request
 goes to the upstream unchanged, and an engine or upstream without the
 endpoint is a 404 that says so.
+
+Each request holds a job slot of the admission while it runs (a 429 when
+none is free), and a body is at most ``max_tokenizer_body_bytes`` (a 413):
+600 tokenizer calls at once, or one body of 15 MB of token ids, once held up
+every other route.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import asyncio
+import json
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from blendserve.engines.base import Engine
 from blendserve.engines.passthrough import PassThrough
+from blendserve.errors import RequestValidationError
+from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, error_responses
+from blendserve.service.json_depth import deep_field, deep_field_in, depth_message
+from blendserve.service.limits import LARGE_BODY_BYTES
 
-__all__ = ["router"]
+__all__ = ["TOKENIZER_BODY_PATHS", "router"]
 
 router = APIRouter()
 
-_Json = Annotated[dict[str, Any], Body()]
+#: The routes that take a body (their own body limit applies).
+TOKENIZER_BODY_PATHS = ("/tokenize", "/detokenize")
+
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "the upstream's reply, unchanged"},
-    **error_responses(401, 404, 422, 503),
+    **error_responses(401, 404, 413, 422, 429, 503),
 }
+_JSON_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, parsed in a thread when large.
+
+    Raises:
+        RequestValidationError: not a JSON object, or nested too deep.
+    """
+    raw = await request.body()
+    try:
+        if len(raw) < LARGE_BODY_BYTES:
+            value = json.loads(raw)
+        else:
+            value = await asyncio.to_thread(json.loads, raw)
+    except RecursionError:
+        value = None
+        param = deep_field_in(raw)
+    except ValueError as exc:
+        raise RequestValidationError(f"the body is not JSON: {exc}") from None
+    else:
+        param = deep_field(value)
+    if param is not None:
+        raise RequestValidationError(depth_message(), param=param or None)
+    if not isinstance(value, dict):
+        raise RequestValidationError("the body must be a JSON object")
+    return value
 
 
 async def _ask(request: Request, path: str, body: dict[str, Any] | None) -> Response:
     engine: Engine = request.app.state.engine
-    reply = await engine.tokenizer(path, body) if isinstance(engine, PassThrough) else None
-    if reply is None:
-        message = f"the {engine.name} engine has no tokenizer: {path} needs an upstream"
-        return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
-    if reply.status == 404:
-        message = (
-            f"the upstream has no {path} (vLLM serves /tokenize and /detokenize, and "
-            "/tokenizer_info with --enable-tokenizer-info-endpoint)"
-        )
-        return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
-    return StreamingResponse(reply.body, status_code=reply.status, media_type=reply.content_type)
+    async with admitted(request, 0, param="body") as held:
+        asked = engine.tokenizer(path, body) if isinstance(engine, PassThrough) else None
+        reply = await held.wait(asked) if asked is not None else None
+        if reply is None:
+            message = f"the {engine.name} engine has no tokenizer: {path} needs an upstream"
+            return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
+        if reply.status == 404:
+            message = (
+                f"the upstream has no {path} (vLLM serves /tokenize and /detokenize, and "
+                "/tokenizer_info with --enable-tokenizer-info-endpoint)"
+            )
+            return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
+        return held.stream(reply.body, status_code=reply.status, media_type=reply.content_type)
 
 
 @router.get("/tokenizer_info", responses=_RESPONSES)
@@ -50,13 +97,13 @@ async def tokenizer_info(request: Request) -> Response:
     return await _ask(request, "/tokenizer_info", None)
 
 
-@router.post("/tokenize", responses=_RESPONSES)
-async def tokenize(request: Request, body: _Json) -> Response:
+@router.post("/tokenize", responses=_RESPONSES, openapi_extra=_JSON_BODY)
+async def tokenize(request: Request) -> Response:
     """Token ids of a prompt or messages, from the upstream's tokenizer."""
-    return await _ask(request, "/tokenize", body)
+    return await _ask(request, "/tokenize", await _json_object(request))
 
 
-@router.post("/detokenize", responses=_RESPONSES)
-async def detokenize(request: Request, body: _Json) -> Response:
+@router.post("/detokenize", responses=_RESPONSES, openapi_extra=_JSON_BODY)
+async def detokenize(request: Request) -> Response:
     """The text of token ids, from the upstream's tokenizer."""
-    return await _ask(request, "/detokenize", body)
+    return await _ask(request, "/detokenize", await _json_object(request))
