@@ -25,6 +25,7 @@ from blendserve.engines.openai_wire import once
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service.limits import Admission
 
+from tests.support.errors import error_body
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
@@ -42,15 +43,6 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's seeds: 64-bit signed
 def _admission(live: LiveServer) -> Admission:
     admission: Admission = live.app.state.admission
     return admission
-
-
-def _error(response: httpx.Response, status: int) -> dict[str, Any]:
-    """The error body of ``response``, in OpenAI's shape, after checking its status."""
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["code"] == status and isinstance(error["type"], str)
-    return error
 
 
 @pytest.fixture
@@ -165,7 +157,7 @@ def test_a_field_nested_deep_is_a_422_naming_it_and_never_a_traceback(
     if depth <= 64 and case not in UNKNOWN_ANYWAY:
         assert response.status_code == 200, response.text
     else:
-        error = _error(response, 422)
+        error = error_body(response, 422)
         assert error["param"] == param
         if depth > 64:
             assert "nest more than 64 deep" in error["message"]
@@ -220,9 +212,9 @@ def test_tokenizer_calls_over_the_job_limit_are_429_and_give_their_slots_back() 
         assert admission.jobs == 3
         for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
             refused = httpx.post(f"{live.url}{path}", json=body, timeout=10)
-            _error(refused, 429)
+            error_body(refused, 429)
             assert "Retry-After" in refused.headers
-        _error(httpx.get(f"{live.url}/tokenizer_info", timeout=10), 429)
+        error_body(httpx.get(f"{live.url}/tokenizer_info", timeout=10), 429)
         assert httpx.get(f"{live.url}/health", timeout=10).status_code == 200
         engine.gate.set()
         assert [future.result(timeout=60) for future in held] == [200] * 3
@@ -246,7 +238,7 @@ def test_a_tokenizer_body_over_its_own_limit_is_413(fake: FakeServer, declared: 
             headers={"content-type": "application/json"},
             timeout=30,
         )
-        _error(response, 413)
+        error_body(response, 413)
         small = {"tokens": [104, 105]}
         served = httpx.post(f"{live.url}/detokenize", json=small, timeout=30)
         assert served.status_code == 200 and served.json()["prompt"] == "hi"
@@ -265,7 +257,7 @@ def test_a_tokenizer_body_nested_deep_is_a_422(fake: FakeServer, depth: int) -> 
             headers={"content-type": "application/json"},
             timeout=30,
         )
-        assert _error(response, 422)["param"] == "foo"
+        assert error_body(response, 422)["param"] == "foo"
 
 
 # --- pass-through: samples bounded as a voted request's are --------------------------------
@@ -288,7 +280,7 @@ def test_pass_through_over_the_job_limits_is_422_naming_the_field(
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     with serve_engine(OpenAIEngine([fake.url]), **PASS_LIMITS) as live:
         response = httpx.post(f"{live.url}{path}", json={**body, **OFF}, timeout=30)
-        assert _error(response, 422)["param"] == param
+        assert error_body(response, 422)["param"] == param
         assert fake.state.requests == 0, "the request went upstream"
         at_limit = {**CHAT, "n": 40}
         if "prompt" in body:
@@ -309,11 +301,11 @@ def test_a_seed_outside_64_bits_is_422(fake: FakeServer, seed: int) -> None:
     with serve_engine(OpenAIEngine([fake.url])) as live:
         solve = {"questions": [{"prompt": "x"}], "budget": 4, "sampling": {"seed": seed}}
         response = httpx.post(f"{live.url}/solve", json=solve, timeout=30)
-        assert _error(response, 422)["param"] == "sampling.seed"
+        assert error_body(response, 422)["param"] == "sampling.seed"
         for extra in ({}, OFF):
             chat = {**CHAT, **extra, "seed": seed}
             response = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=30)
-            assert _error(response, 422)["param"] == "seed"
+            assert error_body(response, 422)["param"] == "seed"
         assert fake.state.requests == 0
 
 
@@ -359,7 +351,7 @@ def test_an_upstream_asking_to_retry_after_2_s_every_time_fails_the_request_in_s
         start = time.monotonic()
         response = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=120)
         elapsed = time.monotonic() - start
-    _error(response, 503)
+    error_body(response, 503)
     # 6 s measured (the job's failure timeout is 5 s); 52 s when every retry waited 2 s.
     assert elapsed < 35, f"the request took {elapsed:.0f} s"
 

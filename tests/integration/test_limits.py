@@ -25,6 +25,7 @@ from blendserve.service.limits import Admission
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command
+from tests.support.errors import error_body
 from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
@@ -74,14 +75,6 @@ def _idle(live: LiveServer) -> Callable[[], bool]:
     return lambda: admission.jobs == 0 and admission.questions == 0
 
 
-def _error(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["code"] == status and isinstance(error["type"], str)
-    return error
-
-
 # --- shape limits: 422 naming the field ----------------------------------------------
 
 
@@ -123,7 +116,7 @@ def _solve(url: str, **body: Any) -> httpx.Response:
 def test_solve_over_a_limit_is_422_naming_the_field(
     limited: LiveServer, body: dict[str, Any], param: str
 ) -> None:
-    error = _error(_solve(limited.url, **body), 422)
+    error = error_body(_solve(limited.url, **body), 422)
     assert error["param"] == param, error
     assert _idle(limited)()
 
@@ -141,7 +134,7 @@ def test_a_body_that_is_not_json_is_422_without_a_param(limited: LiveServer) -> 
         content=b'{"questions": [',
         headers={"content-type": "application/json"},
     )
-    assert "param" not in _error(response, 422)
+    assert "param" not in error_body(response, 422)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +159,7 @@ def test_a_body_that_is_not_json_is_422_without_a_param(limited: LiveServer) -> 
 def test_v1_over_a_limit_is_422_naming_the_field(
     limited: LiveServer, path: str, body: dict[str, Any], param: str
 ) -> None:
-    error = _error(httpx.post(f"{limited.url}{path}", json=body, timeout=30), 422)
+    error = error_body(httpx.post(f"{limited.url}{path}", json=body, timeout=30), 422)
     assert error["param"] == param, error
 
 
@@ -195,7 +188,7 @@ def test_a_declared_body_over_the_limit_is_413(limited: LiveServer) -> None:
     response = httpx.post(
         f"{limited.url}/solve", content=body, headers={"content-type": "application/json"}
     )
-    error = _error(response, 413)
+    error = error_body(response, 413)
     assert error["type"] == "invalid_request_error" and "4000" in error["message"]
 
 
@@ -211,7 +204,7 @@ def test_a_streamed_body_over_the_limit_is_413(limited: LiveServer) -> None:
     )
     assert "content-length" not in response.request.headers
     assert response.request.headers["transfer-encoding"] == "chunked"
-    _error(response, 413)
+    error_body(response, 413)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
@@ -256,7 +249,7 @@ def _held(live: LiveServer, questions: int, path: str = "/solve") -> Iterator[ht
 
 
 def _assert_429(response: httpx.Response) -> dict[str, Any]:
-    error = _error(response, 429)
+    error = error_body(response, 429)
     assert int(response.headers["retry-after"]) >= 1
     return error
 
@@ -294,11 +287,11 @@ def test_queued_questions_over_the_limit_are_429(admitting: LiveServer) -> None:
 
 def test_more_questions_than_ever_fit_are_422_not_429(admitting: LiveServer) -> None:
     response = _solve(admitting.url, questions=_questions(5), budget=5)
-    assert _error(response, 422)["param"] == "questions"
+    assert error_body(response, 422)["param"] == "questions"
     assert "retry-after" not in response.headers
 
 
-def test_the_openai_client_raises_rate_limit_error(admitting: LiveServer) -> None:
+def test_the_openai_client_raises_rate_limiterror_body(admitting: LiveServer) -> None:
     client = openai.OpenAI(base_url=f"{admitting.url}/v1", api_key="-", max_retries=0)
     held = _held(admitting, 1), _held(admitting, 1, "/v1/chat/completions")
     with held[0], held[1], client, pytest.raises(openai.RateLimitError) as raised:
