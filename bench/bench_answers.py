@@ -1,8 +1,10 @@
 """Benchmark of answer extraction and canonical keys on the vendored GSM8K and MATH-500 items.
 
-Measures ``number`` extract + key per GSM8K reference solution, and ``math``
-key latency per MATH-500 gold answer, cold (a fresh cache: a real sympy parse
-in a worker) and cached. Worker start-up is timed separately.
+Measures ``number`` extract + key per GSM8K reference solution, ``math`` key
+latency per MATH-500 gold answer, cold (a fresh cache: a real sympy parse in a
+worker) and cached, and how many distinct plain numbers ``auto`` keys a second
+(as a job keys them: concurrently, off the event loop). Worker start-up is
+timed separately.
 
 Usage::
 
@@ -12,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -72,6 +75,18 @@ def bench_math(items: list[dict[str, object]], cold: bool) -> list[float]:
     return timings
 
 
+def bench_distinct_numbers(count: int) -> float:
+    """Distinct numeric ``auto`` answers extracted and keyed a second, all at once."""
+    texts = [f"so the answer is {i}.{i % 97}." for i in range(1000, 1000 + count)]
+
+    async def run() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(answers.aextract(text, "auto") for text in texts))
+        return count / (time.perf_counter() - started)
+
+    return asyncio.run(run())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and prints a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -97,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         answers.clear_cache()
         bench_math(math500, cold=False)  # fill the cache
         cached = bench_math(math500, cold=False)
+        numbers_per_s = bench_distinct_numbers(2000)
         info = answers.cache_info()
     finally:
         answers.shutdown()
@@ -108,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_row("number extract+key (GSM8K)", number, "us", 1e6))
     print(_row("math key, cold (MATH-500 gold)", cold, "ms", 1e3))
     print(_row("math key, cached (MATH-500 gold)", cached, "us", 1e6))
-    print(f"\nmath key timeouts: {info.timeouts}, pool errors: {info.errors}")
+    print(f"\nauto keys of 2,000 distinct numbers: {numbers_per_s:,.0f} a second")
+    print(f"math key timeouts: {info.timeouts}, pool errors: {info.errors}")
     return 0
 
 

@@ -12,14 +12,16 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from blendserve._byte_lru import ByteLRU
 from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.core.answers import (
+    REGEX_TIMEOUT_S,
+    RegexTimeout,
     RegexUnavailable,
     check_kind,
     choice_key,
@@ -29,18 +31,26 @@ from blendserve.core.answers import (
     is_text_answer,
     math_fallback_key,
     number_key,
+    plain_number_key,
     search_re,
     sympy_key,
 )
 from blendserve.core.answers import extract as _core_extract
+from blendserve.stats import NO_STATS, Stats
 
-__all__ = ["DEFAULT_DEADLINE_S", "AnswerKeys", "CacheInfo", "KeyOwner"]
+__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_DEADLINE_S", "AnswerKeys", "CacheInfo", "KeyOwner"]
 
 #: Seconds one math answer may spend in sympy before it keys as a string.
 DEFAULT_DEADLINE_S = 2.0
 #: Deadline of a ``regex`` kind search run in the pool (no ``regex`` module).
 _RE_POOL_DEADLINE_S = 1.0
-_DEFAULT_CACHE_SIZE = 65_536
+#: After this many of an owner's searches ran out of time, its pattern is
+#: taken to backtrack on its samples: later ones get :data:`STRUCK_REGEX_TIMEOUT_S`.
+REGEX_STRIKES = 3
+#: Time limit of an owner's later searches once its pattern has struck out.
+STRUCK_REGEX_TIMEOUT_S = 0.01
+#: Bytes each of the two key caches (cleaned answers, raw answers) may hold.
+DEFAULT_CACHE_BYTES = 16 << 20
 _DEFAULT_WORKERS = 1
 #: Threads that wait for a worker; each waiting owner needs one to take its turn.
 _KEY_THREADS = 64
@@ -55,6 +65,7 @@ class CacheInfo(NamedTuple):
         size: distinct answers cached now.
         timeouts: parses that ran past the deadline and keyed as strings.
         errors: parses that failed in the pool (keyed as strings, not cached).
+        regex_timeouts: ``regex`` kind searches that ran past their limit (abstained).
     """
 
     hits: int
@@ -62,12 +73,25 @@ class CacheInfo(NamedTuple):
     size: int
     timeouts: int
     errors: int
+    regex_timeouts: int
 
 
 class KeyOwner:
-    """Whose math keys are asked for (one job): the sympy workers are shared between owners."""
+    """Whose answers are keyed (one job, or one client of a pool).
 
-    __slots__ = ("__weakref__",)
+    The sympy workers are shared between owners, and an owner whose ``regex``
+    searches keep running out of time gets shorter ones: a pattern that
+    backtracks costs its own job at most :data:`REGEX_STRIKES` full limits.
+    """
+
+    __slots__ = ("__weakref__", "regex_timeouts")
+
+    def __init__(self) -> None:
+        self.regex_timeouts = 0
+
+    def regex_timeout(self) -> float:
+        """The time limit of this owner's next ``regex`` search."""
+        return REGEX_TIMEOUT_S if self.regex_timeouts < REGEX_STRIKES else STRUCK_REGEX_TIMEOUT_S
 
 
 class _Turns:
@@ -140,15 +164,19 @@ class AnswerKeys:
         self.lock = threading.Lock()
         self.deadline = DEFAULT_DEADLINE_S
         self.workers = _DEFAULT_WORKERS
-        self.cache_size = _DEFAULT_CACHE_SIZE
         self.pool: SympyPool | None = None
         self.executor: ThreadPoolExecutor | None = None
-        self.cache: OrderedDict[str, str] = OrderedDict()  # cleaned answer -> key
-        self.aliases: OrderedDict[str, str] = OrderedDict()  # raw answer -> key
+        self.cache: ByteLRU[str, str] = ByteLRU(DEFAULT_CACHE_BYTES)  # cleaned answer -> key
+        self.aliases: ByteLRU[str, str] = ByteLRU(DEFAULT_CACHE_BYTES)  # raw answer -> key
         self.inflight: dict[str, Future[str]] = {}
         self.turns = _Turns()
-        self.hits = self.misses = self.timeouts = self.errors = 0
+        self.hits = self.misses = self.timeouts = self.errors = self.regex_timeouts = 0
+        self.stats: Stats = NO_STATS
         _LIVE.add(self)
+
+    def report_to(self, stats: Stats) -> None:
+        """Reports answers that run out of time to ``stats`` from now on."""
+        self.stats = stats
 
     def after_fork(self) -> None:
         """In a forked child: the parent's workers, threads and lock are not ours."""
@@ -178,24 +206,22 @@ class AnswerKeys:
         *,
         deadline_s: float | None = None,
         workers: int | None = None,
-        cache_size: int | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         """Changes the math key settings; a new worker count restarts the pool."""
         if deadline_s is not None and deadline_s <= 0:
             raise ValueError("deadline_s must be positive")
         if workers is not None and workers < 1:
             raise ValueError("workers must be at least 1")
-        if cache_size is not None and cache_size < 0:
-            raise ValueError("cache_size must be >= 0")
+        if cache_bytes is not None and cache_bytes < 0:
+            raise ValueError("cache_bytes must be >= 0")
         old_pool = None
         with self.lock:
             if deadline_s is not None:
                 self.deadline = deadline_s
-            if cache_size is not None:
-                self.cache_size = cache_size
-                for cache in (self.cache, self.aliases):
-                    while len(cache) > cache_size:
-                        cache.popitem(last=False)
+            if cache_bytes is not None:
+                self.cache.resize(cache_bytes)
+                self.aliases.resize(cache_bytes)
             if workers is not None and workers != self.workers:
                 self.workers = workers
                 old_pool, self.pool = self.pool, None
@@ -221,17 +247,32 @@ class AnswerKeys:
         with self.lock:
             self.cache.clear()
             self.aliases.clear()
-            self.hits = self.misses = self.timeouts = self.errors = 0
+            self.hits = self.misses = self.timeouts = self.errors = self.regex_timeouts = 0
 
     def cache_info(self) -> CacheInfo:
         """Counters of the math key cache."""
         with self.lock:
-            return CacheInfo(self.hits, self.misses, len(self.cache), self.timeouts, self.errors)
+            return CacheInfo(
+                self.hits,
+                self.misses,
+                len(self.cache),
+                self.timeouts,
+                self.errors,
+                self.regex_timeouts,
+            )
 
-    def extract(self, text: str, kind: str, pattern: str | None = None) -> str | None:
+    def extract(
+        self, text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
+    ) -> str | None:
         """The final answer of one sample, or None when it abstains."""
+        timeout = owner.regex_timeout() if owner is not None else REGEX_TIMEOUT_S
         try:
-            return _core_extract(text, kind, pattern)
+            return _core_extract(text, kind, pattern, timeout)
+        except RegexTimeout:
+            if owner is not None:
+                owner.regex_timeouts += 1  # a race here only moves the strike by one
+            self._regex_timed_out()
+            return None
         except RegexUnavailable:
             assert pattern is not None
             try:
@@ -239,6 +280,7 @@ class AnswerKeys:
                     search_re, text, pattern, deadline=_RE_POOL_DEADLINE_S
                 )
             except WorkerTimeout:
+                self._regex_timed_out()
                 return None
             except WorkerError as exc:
                 if "invalid answer pattern" in str(exc):
@@ -246,17 +288,21 @@ class AnswerKeys:
                 return None
             return result
 
+    def _regex_timed_out(self) -> None:
+        with self.lock:
+            self.regex_timeouts += 1
+        self.stats.answer_timeout("regex")
+
     def _quick_math_key(self, answer: str) -> tuple[str | None, str]:
         """``(key, cleaned answer)``; the key is None when a worker must parse the answer.
 
-        Text answers and answers unsafe for sympy key without a worker; parsed keys
-        come from the cache, first by the raw answer (no clean-up), then by the
-        cleaned one.
+        Text answers, plain numbers and answers unsafe for sympy key without a
+        worker; parsed keys come from the cache, first by the raw answer (no
+        clean-up), then by the cleaned one.
         """
         with self.lock:
             key = self.aliases.get(answer)
             if key is not None:
-                self.aliases.move_to_end(answer)
                 self.hits += 1
                 return key, ""
         cleaned = clean_math(answer)
@@ -265,12 +311,15 @@ class AnswerKeys:
             return words, cleaned
         if not is_safe_for_sympy(cleaned):
             return math_fallback_key(cleaned), cleaned
+        number = plain_number_key(cleaned)
         with self.lock:
+            if number is not None:
+                self.aliases.put(answer, number)
+                return number, cleaned
             key = self.cache.get(cleaned)
             if key is not None:
-                self.cache.move_to_end(cleaned)
                 self.hits += 1
-                _bounded_put(self.aliases, answer, key, self.cache_size)
+                self.aliases.put(answer, key)
         return key, cleaned
 
     def _math_key(self, answer: str, owner: KeyOwner = _SHARED_OWNER) -> str:
@@ -295,6 +344,7 @@ class AnswerKeys:
         except WorkerTimeout:
             with self.lock:
                 self.timeouts += 1
+            self.stats.answer_timeout("sympy")
         except WorkerError:
             cacheable = False
             with self.lock:
@@ -302,8 +352,8 @@ class AnswerKeys:
         finally:
             with self.lock:
                 if cacheable:
-                    _bounded_put(self.cache, cleaned, key, self.cache_size)
-                    _bounded_put(self.aliases, answer, key, self.cache_size)
+                    self.cache.put(cleaned, key)
+                    self.aliases.put(answer, key)
                 del self.inflight[cleaned]
             future.set_result(key)
         return key
@@ -340,23 +390,13 @@ class AnswerKeys:
         if kind == "regex":
             loop = asyncio.get_running_loop()
             answer = await loop.run_in_executor(
-                self._get_executor(), self.extract, text, kind, pattern
+                self._get_executor(), self.extract, text, kind, pattern, owner
             )
         else:
             answer = self.extract(text, kind, pattern)
         if answer is None:
             return None, None
         return answer, await self.acanonical_key(answer, kind, owner)
-
-
-def _bounded_put(cache: OrderedDict[str, str], key: str, value: str, size: int) -> None:
-    """Inserts into an LRU dict, evicting the oldest entries (caller holds the lock)."""
-    if size <= 0:
-        return
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > size:
-        cache.popitem(last=False)
 
 
 def _after_fork() -> None:

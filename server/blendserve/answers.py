@@ -33,10 +33,17 @@ standard ``re`` search runs in the worker pool under a 1 s deadline instead.
 
 from __future__ import annotations
 
-from blendserve._answer_keys import DEFAULT_DEADLINE_S, AnswerKeys, CacheInfo, KeyOwner
+from blendserve._answer_keys import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_DEADLINE_S,
+    AnswerKeys,
+    CacheInfo,
+    KeyOwner,
+)
 from blendserve.core.answers import KINDS
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_DEADLINE_S",
     "KINDS",
     "AnswerKeys",
@@ -67,16 +74,16 @@ def configure(
     *,
     deadline_s: float | None = None,
     workers: int | None = None,
-    cache_size: int | None = None,
+    cache_bytes: int | None = None,
 ) -> None:
     """Changes the math key settings; a new worker count restarts the pool.
 
     Args:
         deadline_s: seconds one answer may spend in sympy (default 2).
         workers: worker processes (default 1).
-        cache_size: distinct answers whose keys are kept (default 65,536).
+        cache_bytes: bytes each key cache holds, counting answers and keys (default 16 MiB).
     """
-    _default.configure(deadline_s=deadline_s, workers=workers, cache_size=cache_size)
+    _default.configure(deadline_s=deadline_s, workers=workers, cache_bytes=cache_bytes)
 
 
 def warm_up() -> None:

@@ -142,6 +142,15 @@ ONLINE_ROUNDS = Histogram(
     buckets=[1, 2, 3, 4, 6, 8, 12, 16, 32, 64],
 )
 
+ANSWER_TIMEOUTS = Counter(
+    f"{_PREFIX}_answer_timeouts",
+    "Samples whose answer ran past its time limit: a regex pattern's (the sample "
+    "abstains) or sympy's (the answer keys as text).",
+    ["stage"],
+)
+for _stage in ("regex", "sympy"):
+    ANSWER_TIMEOUTS.labels(_stage)
+
 ONLINE_METRICS = (
     ONLINE_TAU,
     ONLINE_MEAN_SAMPLES,

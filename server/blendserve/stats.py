@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-__all__ = ["NO_STATS", "JobReport", "Stats", "UpstreamOutcome"]
+__all__ = ["NO_STATS", "AnswerStage", "JobReport", "Stats", "UpstreamOutcome"]
 
 #: What became of samples asked of an upstream: dispatched, then exactly one of
 #: completed (came back), failed, or cancelled (never made: the caller withdrew
@@ -19,6 +19,10 @@ __all__ = ["NO_STATS", "JobReport", "Stats", "UpstreamOutcome"]
 #: does for ``n``). Per upstream, dispatched = completed + failed + cancelled
 #: + those in flight.
 UpstreamOutcome = Literal["dispatched", "completed", "failed", "cancelled"]
+
+#: Where a sample's answer can run out of time: a client's ``regex`` pattern
+#: (the sample abstains) or a math answer in sympy (it keys as text).
+AnswerStage = Literal["regex", "sympy"]
 
 
 class Stats:
@@ -93,6 +97,11 @@ class Stats:
 
     def pool_dropped(self, pool: str) -> None:
         """No pool reports as ``pool`` any more: its series may go."""
+
+    # -- answers -------------------------------------------------------------
+
+    def answer_timeout(self, stage: AnswerStage) -> None:
+        """A sample's answer ran past its time limit at ``stage`` (called from a worker thread)."""
 
 
 #: The default sink: reports go nowhere.

@@ -138,3 +138,27 @@ def test_samples_add_up_on_an_upstream_that_ignores_n(stream: bool) -> None:
     assert max(b.get("n", 1) for b in state.bodies) > 1  # answered short, then topped up
     assert after["cancelled"] > before["cancelled"]
     assert_samples_add_up(before, after, result)
+
+
+def test_answers_past_their_time_limit_are_counted() -> None:
+    slow_text = "the quick brown fox " * 100 + ".x"  # backtracks past the pattern's limit
+    engine = ReplayEngine([{"id": "a", "prompt": "A?", "answers": [slow_text]}], seed=1)
+
+    async def factory() -> ReplayEngine:
+        return engine
+
+    with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
+        before = _scrape(live.url)
+        body = {
+            "questions": [{"id": "a", "prompt": "A?"}],
+            "budget": 3,
+            "answer": {"kind": "regex", "pattern": r"(?:[a-z ]|[a-z ][a-z ])+\.$"},
+        }
+        result = httpx.post(f"{live.url}/solve", json=body, timeout=30).json()
+        after = _scrape(live.url)
+
+    (answer,) = result["answers"]
+    assert answer["answer"] is None and answer["samples"] == 3
+    name = "blendserve_answer_timeouts_total"
+    assert _value(after, name, stage="regex") - _value(before, name, stage="regex") == 3
+    assert (name, (("stage", "sympy"),)) in after

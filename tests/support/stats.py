@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from blendserve.stats import Stats, UpstreamOutcome
+from blendserve.stats import AnswerStage, Stats, UpstreamOutcome
 
 __all__ = ["RecordingStats"]
 
@@ -80,3 +80,6 @@ class RecordingStats(Stats):
 
     def pool_dropped(self, pool: str) -> None:
         self.calls.append(("pool_dropped", (pool,)))
+
+    def answer_timeout(self, stage: AnswerStage) -> None:
+        self.calls.append(("answer_timeout", (stage,)))

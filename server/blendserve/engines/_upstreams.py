@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx2
 
-from blendserve.engines._byte_lru import ByteLRU
+from blendserve._byte_lru import ByteLRU
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply

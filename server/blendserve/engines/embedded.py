@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx2
 
-from blendserve.engines._byte_lru import ByteLRU
+from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough

@@ -70,6 +70,7 @@ def create_app(
         if keys is None:
             keys = answers.AnswerKeys()
             keys.configure(workers=settings.sympy_workers)
+        keys.report_to(sink)
         app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         app.state.limits = JobLimits(
             settings.max_questions_per_job,

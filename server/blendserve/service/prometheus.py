@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blendserve import metrics
-from blendserve.stats import Stats, UpstreamOutcome
+from blendserve.stats import AnswerStage, Stats, UpstreamOutcome
 
 __all__ = ["PrometheusStats"]
 
@@ -81,3 +81,7 @@ class PrometheusStats(Stats):
     def pool_dropped(self, pool: str) -> None:
         """Removes the series of the pool label ``pool``."""
         metrics.pool_dropped(pool)
+
+    def answer_timeout(self, stage: AnswerStage) -> None:
+        """Counts a sample whose answer ran past its time limit."""
+        metrics.ANSWER_TIMEOUTS.labels(stage).inc()

@@ -248,15 +248,15 @@ def test_aextract_key_extracts_then_keys() -> None:
     assert asyncio.run(main()) == ["1/2", None, "1000", "17", "C"]
 
 
-def test_cache_size_zero_disables_the_cache() -> None:
-    answers.configure(cache_size=0)
+def test_a_zero_byte_cache_keeps_nothing() -> None:
+    answers.configure(cache_bytes=0)
     try:
         answers.clear_cache()
         canonical_key("\\frac{9}{11}", "math")
         canonical_key("\\frac{9}{11}", "math")
         assert answers.cache_info().misses == 2
     finally:
-        answers.configure(cache_size=65_536)
+        answers.configure(cache_bytes=answers.DEFAULT_CACHE_BYTES)
 
 
 def test_configure_rejects_bad_values() -> None:

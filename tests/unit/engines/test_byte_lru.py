@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import httpx2 as httpx
-from blendserve.engines._byte_lru import ENTRY_OVERHEAD, ByteLRU
+from blendserve._byte_lru import ENTRY_OVERHEAD, ByteLRU
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer
 from blendserve.engines.openai import OpenAIEngine

@@ -6,13 +6,20 @@ The guarded public API (deadlines, worker processes, cache, asyncio) is
 
 from blendserve.core.answers.extract import (
     KINDS,
+    REGEX_TIMEOUT_S,
+    RegexTimeout,
     RegexUnavailable,
     check_kind,
     extract,
     search_re,
     search_regex,
 )
-from blendserve.core.answers.math_keys import MAX_SYMPY_CHARS, is_safe_for_sympy, sympy_key
+from blendserve.core.answers.math_keys import (
+    MAX_SYMPY_CHARS,
+    is_safe_for_sympy,
+    plain_number_key,
+    sympy_key,
+)
 from blendserve.core.answers.normalize import (
     choice_key,
     clean_math,
@@ -26,6 +33,8 @@ from blendserve.core.answers.normalize import (
 __all__ = [
     "KINDS",
     "MAX_SYMPY_CHARS",
+    "REGEX_TIMEOUT_S",
+    "RegexTimeout",
     "RegexUnavailable",
     "check_kind",
     "choice_key",
@@ -36,6 +45,7 @@ __all__ = [
     "is_text_answer",
     "math_fallback_key",
     "number_key",
+    "plain_number_key",
     "scan_boxes",
     "search_re",
     "search_regex",

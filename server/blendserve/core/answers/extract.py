@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = [
     "KINDS",
     "REGEX_TIMEOUT_S",
+    "RegexTimeout",
     "RegexUnavailable",
     "check_kind",
     "extract",
@@ -47,7 +48,8 @@ __all__ = [
 #: Every answer kind ``extract`` and ``canonical_key`` accept.
 KINDS: tuple[str, ...] = ("auto", "number", "math", "choice", "regex", "exact")
 
-#: Wall-clock limit for one ``regex`` kind search; past it the sample abstains.
+#: Time limit of one ``regex`` kind search (one sample): a backtracking pattern
+#: costs at most this much CPU a sample, and the sample abstains.
 REGEX_TIMEOUT_S = 0.25
 
 #: Largest size of a ``regex`` kind pattern, counted as :func:`pattern_size` does:
@@ -78,6 +80,10 @@ class RegexUnavailable(RuntimeError):
     """The ``regex`` module is missing, so a pattern cannot be run with a timeout here."""
 
 
+class RegexTimeout(TimeoutError):
+    """A ``regex`` kind search ran past its time limit: the sample abstains."""
+
+
 def check_kind(kind: str) -> None:
     """Raises ``ValueError`` naming ``kind`` unless it is one of :data:`KINDS`."""
     if kind not in KINDS:
@@ -91,7 +97,7 @@ def _number_in(text: str, last: bool = False) -> str | None:
         return None
     sign = "-" if (found.group("neg") or found.group("neg2")) else ""
     den = found.group("den")
-    return sign + found.group("num") + (f"/{den}" if den else "")
+    return sign + found.group("num") + (found.group("exp") or "") + (f"/{den}" if den else "")
 
 
 def _line_after(text: str, start: int) -> str:
@@ -296,18 +302,19 @@ def _first_group(match: Any, groups: int) -> str | None:
 def search_regex(text: str, pattern: str, timeout: float = REGEX_TIMEOUT_S) -> str | None:
     """The first match's first group (or whole match) of ``pattern`` in ``text``.
 
-    Runs under the ``regex`` module's ``timeout``: a catastrophically
-    backtracking pattern abstains (None) instead of hanging.
+    Runs under the ``regex`` module's ``timeout``, so a catastrophically
+    backtracking pattern stops instead of hanging.
 
     Raises:
         ValueError: the pattern does not compile or unrolls past :data:`MAX_PATTERN_SIZE`.
         RegexUnavailable: the ``regex`` module is not installed.
+        RegexTimeout: the search ran past ``timeout`` (the sample abstains).
     """
     compiled = _compile(pattern)
     try:
         match = compiled.search(text, timeout=timeout)
     except TimeoutError:
-        return None
+        raise RegexTimeout(f"answer pattern ran past {timeout} s") from None
     return _first_group(match, compiled.groups)
 
 
@@ -327,22 +334,26 @@ def search_re(text: str, pattern: str) -> str | None:
     return _first_group(compiled.search(text), compiled.groups)
 
 
-def extract(text: str, kind: str, pattern: str | None = None) -> str | None:
+def extract(
+    text: str, kind: str, pattern: str | None = None, timeout: float = REGEX_TIMEOUT_S
+) -> str | None:
     """The final answer of one sample for ``kind``, or None to abstain.
 
     Args:
         text: the sample's completion text.
         kind: one of :data:`KINDS`.
         pattern: the regular expression of the ``regex`` kind (required there).
+        timeout: the ``regex`` kind's time limit, in seconds.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
+        RegexTimeout: the ``regex`` kind's search ran past ``timeout``.
     """
     check_kind(kind)
     if kind == "regex":
         if not pattern:
             raise ValueError("answer kind 'regex' needs a pattern")
-        return search_regex(text, pattern)
+        return search_regex(text, pattern, timeout)
     if kind == "number":
         return _extract_number(text)
     if kind == "math":

@@ -15,6 +15,8 @@ sympy is imported lazily so that importing this module stays cheap.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from blendserve.core.answers.normalize import (
@@ -24,7 +26,7 @@ from blendserve.core.answers.normalize import (
     math_fallback_key,
 )
 
-__all__ = ["MAX_SYMPY_CHARS", "is_safe_for_sympy", "sympy_key", "warm_up"]
+__all__ = ["MAX_SYMPY_CHARS", "is_safe_for_sympy", "plain_number_key", "sympy_key", "warm_up"]
 
 #: Longer answers never reach sympy.
 MAX_SYMPY_CHARS = 300
@@ -34,6 +36,10 @@ _MAX_FACTORIAL = 1000
 _MAX_DIGITS = 120
 
 _DIGITS_RE = re.compile(r"\d+")
+#: A plain decimal number: sign, digits (thousands groups allowed), point, exponent.
+_PLAIN_NUMBER_RE = re.compile(
+    r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[+-]?\d+))?"
+)
 _FACTORIAL_RE = re.compile(r"(?<!\\)!")
 _BASE_NUMBER_RE = re.compile(r"^\d+_\{?\d+\}?$")
 _OPERATORS_RE = re.compile(r"\\(?:[dt]?frac|cdot|times|div|sqrt|left|right)(?![a-zA-Z])")
@@ -95,6 +101,23 @@ def is_safe_for_sympy(answer: str) -> bool:
         elif before.endswith((")", "}", "!")) and (len(factorials) > 1 or "^" in answer):
             return False
     return True
+
+
+def plain_number_key(cleaned: str) -> str | None:
+    """The key of a cleaned answer that is a plain decimal number, without sympy; else None.
+
+    The key is the exact rational sympy would print (``144.0`` -> ``144``,
+    ``0.5`` -> ``1/2``, ``1,000`` -> ``1000``), and ``1.44e2`` is 144 (sympy
+    would read the ``e`` as Euler's number). An exponent past
+    :data:`_MAX_EXPONENT` keys as text.
+    """
+    match = _PLAIN_NUMBER_RE.fullmatch(cleaned)
+    if match is None:
+        return None
+    exponent = match.group("exp")
+    if exponent is not None and abs(int(exponent)) > _MAX_EXPONENT:
+        return math_fallback_key(cleaned)
+    return str(Fraction(Decimal(cleaned.replace(",", ""))))
 
 
 def warm_up() -> None:
@@ -199,6 +222,9 @@ def sympy_key(answer: str) -> str:
         return words
     if not is_safe_for_sympy(cleaned) or _BASE_NUMBER_RE.match(cleaned.replace(" ", "")):
         return math_fallback_key(cleaned)
+    number = plain_number_key(cleaned)
+    if number is not None:
+        return number
     try:
         return fold_ws(_canon(_parse(cleaned)))
     except Exception:  # any parser or sympy failure: the answer keys as text

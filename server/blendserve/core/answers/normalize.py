@@ -33,11 +33,12 @@ __all__ = [
 #: Longer answers are only whitespace-folded: no model answer is this long.
 MAX_CLEAN_CHARS = 2000
 
-#: A number token: optional sign and currency, thousands groups, decimals, ``a/b``.
+#: A number token: optional sign and currency, thousands groups, decimals, an
+#: exponent (``6.02e23``) or ``a/b``.
 NUMBER_RE = re.compile(
     r"(?<![\w.])(?P<neg>[-\u2212]\s?)?(?:\\?\$\s?)?(?P<neg2>[-\u2212])?"
     r"(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
-    r"(?:\s?/\s?(?P<den>\d+))?(?![\d])"
+    r"(?:(?P<exp>[eE][+-]?\d+)(?!\w)|\s?/\s?(?P<den>\d+))?(?![\d])"
 )
 
 _BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|\{|\}")
@@ -297,7 +298,7 @@ def parse_number(token: str) -> str | None:
         return None
     negative = bool(match.group("neg") or match.group("neg2"))
     try:
-        value = Decimal(match.group("num").replace(",", ""))
+        value = Decimal(match.group("num").replace(",", "") + (match.group("exp") or ""))
     except InvalidOperation:
         return None
     den = match.group("den")
@@ -318,8 +319,8 @@ def parse_number(token: str) -> str | None:
 def number_key(answer: str) -> str | None:
     """Key of the ``number`` kind: the first number of the answer via Decimal, or None.
 
-    ``1,000``, ``$1000.00`` and ``1000`` share the key ``1000``; ``50%`` keys as
-    ``50``; ``3/4`` and ``0.75`` share ``0.75``.
+    ``1,000``, ``$1000.00``, ``1e3`` and ``1000`` share the key ``1000``; ``50%``
+    keys as ``50``; ``3/4`` and ``0.75`` share ``0.75``.
     """
     plain = answer.strip()
     if len(plain) <= 30 and plain.isascii() and plain.isdigit():  # the common case, fast

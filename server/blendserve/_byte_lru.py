@@ -70,6 +70,21 @@ class ByteLRU(Generic[K, V]):
             return
         self._entries[key] = (value, size)
         self.nbytes += size
+        self._shrink()
+
+    def resize(self, max_bytes: int) -> None:
+        """Changes the bound, dropping the least recently used entries over it."""
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._shrink()
+
+    def clear(self) -> None:
+        """Forgets every entry."""
+        self._entries.clear()
+        self.nbytes = 0
+
+    def _shrink(self) -> None:
         while self.nbytes > self.max_bytes:
             _, (_, dropped) = self._entries.popitem(last=False)
             self.nbytes -= dropped
