@@ -230,7 +230,7 @@ def run(questions: QuestionSet, mode: str, concurrency: int, latency: float) -> 
     server, thread, url = _serve(engine, **settings)
     try:
         results = asyncio.run(_ask_all(url, questions.questions, concurrency, budget))
-        pools = server.config.app.state.grouper.pools.pools.values()
+        pools = server.config.app.state.service.dropin.pools.pools.values()
         rounds = sum(p.num_rounds for p in pools)
     finally:
         server.should_exit = True

@@ -7,7 +7,7 @@
     │   └── EngineProtocolError     an upstream answered something we cannot use
     ├── SchedulerError              a job could not run to completion
     ├── ServiceOverloaded           too many jobs or questions at once (``retry_after``)
-    └── RequestValidationError      bad input from a caller (also a ValueError), with ``param``
+    └── InvalidRequest      bad input from a caller (also a ValueError), with ``param``
         └── ModelNotFound           the request names a model the engine does not serve
 
 Engines wrap httpx2 and vLLM errors at their seam (``raise ... from exc``);
@@ -22,8 +22,8 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "InvalidRequest",
     "ModelNotFound",
-    "RequestValidationError",
     "SchedulerError",
     "ServiceOverloaded",
 ]
@@ -66,7 +66,7 @@ class ServiceOverloaded(BlendserveError):
         self.retry_after = retry_after
 
 
-class RequestValidationError(BlendserveError, ValueError):
+class InvalidRequest(BlendserveError, ValueError):
     """Bad caller input; ``param`` names the offending field.
 
     Args:
@@ -79,7 +79,7 @@ class RequestValidationError(BlendserveError, ValueError):
         self.param = param
 
 
-class ModelNotFound(RequestValidationError):
+class ModelNotFound(InvalidRequest):
     """A request names a model the engine does not serve (``param`` is ``model``).
 
     Args:

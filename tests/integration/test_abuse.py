@@ -67,7 +67,7 @@ def _health_ms(url: str) -> float:
 
 
 def _admission(live: LiveServer) -> Admission:
-    admission: Admission = live.app.state.admission
+    admission: Admission = live.app.state.service.admission
     return admission
 
 

@@ -204,5 +204,5 @@ def test_v1_question_without_any_answer_is_an_openai_503(stream: bool) -> None:
     if not stream:
         assert isinstance(caught.value, openai.APIStatusError)
         assert caught.value.status_code == 503
-    assert error["code"] == 503 and error["type"] == "EngineUnavailable"
+    assert error["code"] == 503 and error["type"] == "server_error"
     assert "in a row" in error["message"]

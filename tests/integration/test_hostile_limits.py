@@ -41,7 +41,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's seeds: 64-bit signed
 
 
 def _admission(live: LiveServer) -> Admission:
-    admission: Admission = live.app.state.admission
+    admission: Admission = live.app.state.service.admission
     return admission
 
 

@@ -66,7 +66,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def _admission(live: LiveServer) -> Admission:
-    admission: Admission = live.app.state.admission
+    admission: Admission = live.app.state.service.admission
     return admission
 
 

@@ -31,7 +31,7 @@ from blendserve.engines.openai_wire import (
     parse_samples,
     split_credentials,
 )
-from blendserve.errors import EngineProtocolError, EngineUnavailable, RequestValidationError
+from blendserve.errors import EngineProtocolError, EngineUnavailable, InvalidRequest
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["PROMPT_COUNT_BYTES", "SIDE_TIMEOUT", "Upstreams"]
@@ -186,10 +186,10 @@ class Upstreams:
 
         Raises:
             EngineUnavailable: no replica could be reached.
-            RequestValidationError: ``path`` is not a completions path.
+            InvalidRequest: ``path`` is not a completions path.
         """
         if path not in (CHAT, COMPLETIONS):
-            raise RequestValidationError(f"cannot forward {path!r}", param="path")
+            raise InvalidRequest(f"cannot forward {path!r}", param="path")
         if self.closed:
             raise EngineUnavailable("the engine is closed")
         encoded = encode(dict(body))
@@ -235,10 +235,10 @@ class Upstreams:
 
         Raises:
             EngineUnavailable: no replica could be reached.
-            RequestValidationError: ``path`` is not a tokenizer endpoint.
+            InvalidRequest: ``path`` is not a tokenizer endpoint.
         """
         if path not in TOKENIZER_PATHS:
-            raise RequestValidationError(f"cannot forward {path!r}", param="path")
+            raise InvalidRequest(f"cannot forward {path!r}", param="path")
         replica = self.replicas.pick(None)
         if replica is None or self.closed:
             raise EngineUnavailable("no upstream can take the request")

@@ -242,7 +242,7 @@ class OpenAIEngine(Engine, PassThrough):
             EngineTimeout: the deadline passed.
             EngineUnavailable: no replica could serve, or the engine is closed.
             EngineProtocolError: an upstream answered unusably.
-            RequestValidationError: ``params.extra`` sets ``n``, ``seed`` or
+            InvalidRequest: ``params.extra`` sets ``n``, ``seed`` or
                 ``stream``.
         """
         if self._upstreams.closed:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 
 from blendserve.engines.base import GenerateRequest, Sample
-from blendserve.errors import EngineProtocolError, RequestValidationError
+from blendserve.errors import EngineProtocolError, InvalidRequest
 
 __all__ = [
     "CHAT",
@@ -97,7 +97,7 @@ def request_body(request: GenerateRequest, default_model: str | None) -> dict[st
     """The completion request body for ``request``, less ``n``, ``seed`` and ``stream``.
 
     Raises:
-        RequestValidationError: ``params.extra`` sets a field the engine owns.
+        InvalidRequest: ``params.extra`` sets a field the engine owns.
     """
     params = request.params
     body: dict[str, Any] = {}
@@ -121,7 +121,7 @@ def request_body(request: GenerateRequest, default_model: str | None) -> dict[st
         body["stop"] = list(params.stop)
     owned = sorted(_ENGINE_OWNED.intersection(params.extra))
     if owned:
-        raise RequestValidationError(
+        raise InvalidRequest(
             f"params.extra may not set {owned[0]!r}: use GenerateRequest.n / params.seed",
             param=f"params.extra.{owned[0]}",
         )
@@ -133,7 +133,7 @@ def sampling_body(body: dict[str, Any], n: int, seed: int | None, stream: bool) 
     """``body`` asking for ``n`` samples from ``seed`` (streamed, with usage), encoded.
 
     Raises:
-        RequestValidationError: the body is not JSON.
+        InvalidRequest: the body is not JSON.
     """
     payload = dict(body)
     if n > 1:
@@ -270,14 +270,14 @@ def encode(payload: dict[str, Any]) -> bytes:
     """``payload`` as compact UTF-8 JSON.
 
     Raises:
-        RequestValidationError: it is not JSON (a NaN, a non-string key, ...).
+        InvalidRequest: it is not JSON (a NaN, a non-string key, ...).
     """
     try:
         return json.dumps(
             payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
     except (TypeError, ValueError) as exc:
-        raise RequestValidationError(f"the request is not valid JSON: {exc}") from exc
+        raise InvalidRequest(f"the request is not valid JSON: {exc}") from exc
 
 
 def _count(value: Any) -> int:

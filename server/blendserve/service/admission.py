@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from blendserve.service.disconnect import ClientGone, while_connected
-from blendserve.service.limits import HeldStreamingResponse, Prompt, Slot
+from blendserve.service.limits import Budget, HeldStreamingResponse, Prompt, Slot
+from blendserve.service.state import service_of
 
 __all__ = ["Admitted", "admitted"]
 
@@ -56,32 +57,23 @@ class Admitted:
 
 @asynccontextmanager
 async def admitted(
-    request: Request,
-    questions: int,
-    *,
-    param: str,
-    prompts: Mapping[str, Prompt] | None = None,
-    budget: float = 0,
-    budget_param: str = "",
+    request: Request, prompts: Mapping[str, Prompt], budget: Budget, *, param: str
 ) -> AsyncIterator[Admitted]:
-    """Checks the request's limits and admits its ``questions`` for the block.
+    """Checks the request's limits and admits its questions for the block.
 
     Args:
         request: the request.
-        questions: question slots to hold.
+        prompts: each question's prompt by the field that holds it: one question slot each.
+        budget: the request's sample budget.
         param: the field that lists the questions.
-        prompts: each question's prompt by its field, for the job limits (None: unchecked).
-        budget: the request's total budget in samples.
-        budget_param: the field the budget was given in.
 
     Raises:
-        RequestValidationError: a limit is passed (422).
+        InvalidRequest: a limit is passed (422).
         ServiceOverloaded: too much runs now (429).
     """
-    state = request.app.state
-    if prompts is not None:
-        state.limits.check(prompts, budget, questions_param=param, budget_param=budget_param)
-    held = Admitted(request, state.admission.admit(questions, param=param))
+    state = service_of(request)
+    state.limits.check(prompts, budget, param=param)
+    held = Admitted(request, state.admission.admit(len(prompts), param=param))
     try:
         yield held
     finally:

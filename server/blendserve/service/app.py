@@ -28,6 +28,7 @@ from blendserve.service.security import ApiKeyAuth, ClientIds
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
 from blendserve.service.solve.routes import router as solve_router
+from blendserve.service.state import ServiceState
 from blendserve.service.system.routes import router as system_router
 
 __all__ = ["create_app"]
@@ -38,6 +39,7 @@ def create_app(
     *,
     engine_factory: Callable[[], Awaitable[Engine]] | None = None,
     answer_keys: answers.AnswerKeys | None = None,
+    running: RunningJobs | None = None,
 ) -> FastAPI:
     """Builds the service.
 
@@ -48,6 +50,8 @@ def create_app(
         answer_keys: the answer keys' workers and cache, shared with the caller
             (default: the app's own, ``settings.sympy_workers`` of them, started and
             stopped with it).
+        running: where the app keeps its running jobs, for a server that drains
+            them at shutdown (default: its own).
 
     Raises:
         OSError: the API key file cannot be read.
@@ -55,15 +59,14 @@ def create_app(
     settings = settings if settings is not None else Settings()
     api_keys = settings.keys()
     sink = PrometheusStats()
+    running = running if running is not None else RunningJobs()
     make_engine = engine_factory or (lambda: build_engine(settings.engine_config(), sink))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await make_engine()
         engine.report_to(sink)  # its jobs and pools report where it does
-        app.state.engine = engine
-        app.state.settings = settings
-        app.state.served_models = ServedModels(
+        served_models = ServedModels(
             engine, allow_aliases=settings.allow_model_aliases, default=settings.model
         )
         keys = answer_keys
@@ -71,28 +74,29 @@ def create_app(
             keys = answers.AnswerKeys()
             keys.configure(workers=settings.sympy_workers)
         keys.report_to(sink)
-        app.state.job_maker = maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
-        app.state.limits = JobLimits(
-            settings.max_questions_per_job,
-            settings.max_budget_per_job,
-            settings.max_budget_per_question,
-            settings.max_prompt_bytes,
-        )
-        app.state.admission = Admission(settings.max_concurrent_jobs, settings.max_queued_questions)
+        maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
         grouper = Grouper(
             maker,
             wait=settings.group_wait_ms / 1000,
             max_questions=settings.group_max,
-            jobs=app.state.running,
+            jobs=running,
         )
         pools = OnlinePools(
-            maker,
-            score=settings.sc_score,
-            cap=settings.sc_cap,
-            running=app.state.running,
-            models=app.state.served_models.known,
+            maker, score=settings.sc_score, cap=settings.sc_cap, running=running,
+            models=served_models.known,
+        )  # fmt: skip
+        dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
+        app.state.service = ServiceState(
+            settings=settings,
+            engine=engine,
+            served_models=served_models,
+            job_maker=maker,
+            limits=JobLimits.from_settings(settings),
+            admission=Admission(settings.max_concurrent_jobs, settings.max_queued_questions),
+            dropin=dropin,
+            running=running,
+            clients=ClientIds(bool(api_keys), settings.client_header),
         )
-        app.state.grouper = dropin = DropIn(pools, grouper, online=settings.sc_mode == "online")
         # Start the sympy workers now, so the first math answer does not wait for them.
         warming = asyncio.ensure_future(asyncio.to_thread(keys.warm_up))
         # Before the first request: the first job would load them on the event loop.
@@ -107,8 +111,6 @@ def create_app(
                 await asyncio.to_thread(keys.shutdown)
 
     app = FastAPI(title="blendserve", version=__version__, lifespan=lifespan)
-    app.state.running = RunningJobs()
-    app.state.clients = ClientIds(bool(api_keys), settings.client_header)
     install_error_handlers(app)
     app.include_router(system_router)
     app.include_router(solve_router)

@@ -75,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
     from blendserve.service.app import create_app
     from blendserve.service.connections import timed_protocol
-    from blendserve.service.shutdown import DrainingServer
+    from blendserve.service.shutdown import DrainingServer, RunningJobs
 
+    running = RunningJobs()
     try:
-        app = create_app(settings)
+        app = create_app(settings, running=running)
     except OSError as exc:
         print(f"blendserve serve: error: api key file: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     # After its graceful shutdown uvicorn raises the signal again under the handler
     # found at startup; with the default one SIGTERM would kill the process now,
     # and a clean drain would look like a crash (exit 143). It is handled: exit 0.
-    server = DrainingServer(config, app.state.running, settings.shutdown_grace_s)
+    server = DrainingServer(config, running, settings.shutdown_grace_s)
     previous = signal.signal(signal.SIGTERM, _drained)
     try:
         server.run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError as FastAPIValidationError
@@ -20,8 +20,8 @@ from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
+    InvalidRequest,
     ModelNotFound,
-    RequestValidationError,
     ServiceOverloaded,
 )
 from blendserve.service.disconnect import ClientGone
@@ -30,8 +30,10 @@ from blendserve.service.json_depth import deep_field_in, depth_message
 __all__ = [
     "ErrorDetail",
     "ErrorResponse",
+    "ErrorType",
     "error_body",
     "error_responses",
+    "error_type",
     "install_error_handlers",
     "send_error",
     "status_for",
@@ -39,12 +41,22 @@ __all__ = [
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
+#: OpenAI's ``error.type`` vocabulary, the only types an error body carries.
+ErrorType = Literal["invalid_request_error", "rate_limit_error", "server_error"]
+
+
+def error_type(status: int) -> ErrorType:
+    """OpenAI's type of an error answered with ``status`` (a 401 is a bad request, as there)."""
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
 
 def status_for(exc: BaseException) -> int:
     """HTTP status for an exception raised below the service."""
     if isinstance(exc, ModelNotFound):
         return 404
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, InvalidRequest):
         return 422
     if isinstance(exc, ServiceOverloaded):
         return 429
@@ -59,7 +71,7 @@ class ErrorDetail(BaseModel):
     """What went wrong, as OpenAI reports it."""
 
     message: str
-    type: str
+    type: ErrorType
     code: int | str = Field(description="the HTTP status, or a name such as invalid_api_key")
     param: str | None = Field(None, description="the request field at fault, if one is")
 
@@ -92,10 +104,21 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def error_body(
-    message: str, type_: str, code: int | str, param: str | None = None
+    message: str, status: int, *, code: int | str | None = None, param: str | None = None
 ) -> dict[str, object]:
-    """OpenAI's error shape, used by every route and middleware: ``{"error": {...}}``."""
-    error: dict[str, object] = {"message": _ADDRESS.sub("", message), "type": type_, "code": code}
+    """OpenAI's error shape, used by every route and middleware: ``{"error": {...}}``.
+
+    Args:
+        message: what went wrong.
+        status: the HTTP status; it gives the type, and the code unless ``code`` is set.
+        code: a name for the error (``model_not_found``) instead of the status.
+        param: the request field at fault.
+    """
+    error: dict[str, object] = {
+        "message": _ADDRESS.sub("", message),
+        "type": error_type(status),
+        "code": status if code is None else code,
+    }
     if param is not None:
         error["param"] = param
     return {"error": error}
@@ -118,7 +141,7 @@ async def send_error(
         code: the body's ``code`` (default: ``status``).
         headers: sent after ``content-type`` and ``content-length``.
     """
-    body = error_body(message, "invalid_request_error", status if code is None else code)
+    body = error_body(message, status, code=code)
     data = json.dumps(body).encode()
     start = [
         (b"content-type", b"application/json"),
@@ -133,11 +156,10 @@ async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
     status = status_for(exc)
     param = getattr(exc, "param", None)
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServiceOverloaded) else None
-    if isinstance(exc, ModelNotFound):  # as OpenAI words it, for clients that look
-        body = error_body(str(exc), "invalid_request_error", "model_not_found", param)
-    else:
-        body = error_body(str(exc), type(exc).__name__, status, param)
-    return JSONResponse(body, status, headers=headers)
+    code = "model_not_found" if isinstance(exc, ModelNotFound) else None  # as OpenAI has it
+    return JSONResponse(
+        error_body(str(exc), status, code=code, param=param), status, headers=headers
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -152,7 +174,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     else:
         param = ".".join(str(part) for part in first["loc"] if part != "body") or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    return JSONResponse(error_body(message, "invalid_request_error", 422, param), 422)
+    return JSONResponse(error_body(message, 422, param=param), 422)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -161,9 +183,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc.__cause__, RecursionError):  # a body nested too deep for json.loads
         param = deep_field_in(await request.body())
         message = f"{param}: {depth_message()}" if param else depth_message()
-        return JSONResponse(error_body(message, "invalid_request_error", 422, param or None), 422)
-    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    body = error_body(str(exc.detail), type_, exc.status_code)
+        return JSONResponse(error_body(message, 422, param=param or None), 422)
+    body = error_body(str(exc.detail), exc.status_code)
     return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
 
 from blendserve import answers
 from blendserve.answers import AnswerKeys
@@ -20,8 +21,24 @@ from blendserve.scheduler import Job, JobSpec, Keyer, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.settings import Settings
+from blendserve.service.vocabulary import AnswerFormat
 
-__all__ = ["JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
+
+class AskedOptions(Protocol):
+    """What a request may ask of its job: ``/solve``'s body, ``/v1``'s ``blendserve`` object.
+
+    None leaves a field to the defaults :meth:`JobOptions.asked` is given.
+    """
+
+    @property
+    def policy(self) -> str | None: ...
+    @property
+    def answer(self) -> AnswerFormat | None: ...
+    @property
+    def settle_delta(self) -> float | None: ...
+
+
+__all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
 
 
 def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
@@ -76,6 +93,32 @@ class JobOptions:
     model: str | None = None
     concurrency: int | None = None
     in_flight_per_question: float | None = None
+
+    @classmethod
+    def asked(
+        cls,
+        asked: AskedOptions,
+        sampling: SamplingParams,
+        model: str | None,
+        *,
+        defaults: JobOptions | None = None,
+        concurrency: int | None = None,
+        in_flight_per_question: float | None = None,
+    ) -> JobOptions:
+        """The options of a request's job: what it asked, else ``defaults``' (None: these)."""
+        base = defaults if defaults is not None else cls()
+        answer = asked.answer
+        return replace(
+            base,
+            policy=asked.policy or base.policy,
+            answer_kind=answer.kind if answer is not None else base.answer_kind,
+            answer_pattern=answer.pattern if answer is not None else base.answer_pattern,
+            settle_delta=base.settle_delta if asked.settle_delta is None else asked.settle_delta,
+            sampling=sampling,
+            model=model,
+            concurrency=concurrency,
+            in_flight_per_question=in_flight_per_question,
+        )
 
     def key(self) -> str:
         """Equal for options that may share a job or a pool."""

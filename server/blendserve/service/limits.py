@@ -5,18 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blendserve.errors import RequestValidationError, ServiceOverloaded
+from blendserve.errors import InvalidRequest, ServiceOverloaded
 from blendserve.service.errors import send_error
+
+if TYPE_CHECKING:
+    from blendserve.service.settings import Settings
 
 __all__ = [
     "LARGE_BODY_BYTES",
+    "NO_SAMPLES",
     "Admission",
     "BodySizeLimit",
+    "Budget",
     "HeldStreamingResponse",
     "JobLimits",
     "Prompt",
@@ -25,6 +30,24 @@ __all__ = [
 
 #: A question's prompt (text or token ids) or chat messages.
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
+
+
+class Budget(NamedTuple):
+    """A request's sample budget as the limits see it, both ways, named by its field.
+
+    Attributes:
+        per_question: samples per question on average.
+        total: samples for the whole request.
+        param: the field the budget was given in.
+    """
+
+    per_question: float
+    total: float
+    param: str
+
+
+#: The budget of a request that asks for no samples (the tokenizer routes).
+NO_SAMPLES = Budget(0, 0, "")
 
 
 class JobLimits:
@@ -49,44 +72,46 @@ class JobLimits:
         self.max_budget_per_question = max_budget_per_question
         self.max_prompt_bytes = max_prompt_bytes
 
-    def check(
-        self,
-        prompts: Mapping[str, Prompt],
-        budget: float,
-        *,
-        questions_param: str,
-        budget_param: str,
-    ) -> None:
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JobLimits:
+        """The limits the service's settings give."""
+        return cls(
+            settings.max_questions_per_job,
+            settings.max_budget_per_job,
+            settings.max_budget_per_question,
+            settings.max_prompt_bytes,
+        )
+
+    def check(self, prompts: Mapping[str, Prompt], budget: Budget, *, param: str) -> None:
         """Raises a 422 naming the offending field when a limit is passed.
 
         Args:
             prompts: each question's prompt or chat messages, by the field that holds it
                 (``questions.0.prompt``, ``messages``).
-            budget: the job's total budget in samples.
-            questions_param: the field that lists the questions.
-            budget_param: the field the budget was given in.
+            budget: the request's budget.
+            param: the field that lists the questions.
         """
         count = len(prompts)
         if count > self.max_questions:
-            raise RequestValidationError(
-                f"{count} questions: at most {self.max_questions} per job", param=questions_param
+            raise InvalidRequest(
+                f"{count} questions: at most {self.max_questions} per job", param=param
             )
-        if budget > self.max_budget:
-            raise RequestValidationError(
-                f"budget of {budget:g} samples: at most {self.max_budget} per job",
-                param=budget_param,
+        if budget.total > self.max_budget:
+            raise InvalidRequest(
+                f"budget of {budget.total:g} samples: at most {self.max_budget} per job",
+                param=budget.param,
             )
-        if count and budget / count > self.max_budget_per_question:
-            raise RequestValidationError(
-                f"{budget / count:g} samples per question: at most "
+        if count and budget.per_question > self.max_budget_per_question:
+            raise InvalidRequest(
+                f"{budget.per_question:g} samples per question: at most "
                 f"{self.max_budget_per_question:g}",
-                param=budget_param,
+                param=budget.param,
             )
         for param, prompt in prompts.items():
             text = prompt if isinstance(prompt, str) else json.dumps(prompt)
             size = len(text.encode())
             if size > self.max_prompt_bytes:
-                raise RequestValidationError(
+                raise InvalidRequest(
                     f"prompt of {size} bytes: at most {self.max_prompt_bytes}", param=param
                 )
 
@@ -108,12 +133,12 @@ class Admission:
         """One job slot and ``questions`` question slots, held until :meth:`Slot.release`.
 
         Raises:
-            RequestValidationError: more questions than ever fit (naming ``param``);
+            InvalidRequest: more questions than ever fit (naming ``param``);
                 a retry cannot help, so not a 429.
             ServiceOverloaded: a limit would be passed now.
         """
         if questions > self.max_questions:
-            raise RequestValidationError(
+            raise InvalidRequest(
                 f"{questions} questions: at most {self.max_questions} run at once", param=param
             )
         if self.jobs + 1 > self.max_jobs:

@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
-from blendserve.errors import RequestValidationError
+from blendserve.errors import InvalidRequest
 from blendserve.service.fields import RequestModel
 from blendserve.service.json_depth import deep_field, depth_message
 
@@ -115,17 +115,17 @@ def check_extra(extra: Mapping[str, Any], prefix: str = "") -> None:
     """Refuses upstream fields that can never be sent: a retry could not help.
 
     Raises:
-        RequestValidationError: an engine-owned field (``n``, ``seed``,
+        InvalidRequest: an engine-owned field (``n``, ``seed``,
             ``stream``) or a number that is not finite (JSON has no NaN), with
             ``prefix`` + the field as ``param``.
     """
     for name, value in extra.items():
         if name in _ENGINE_OWNED:
-            raise RequestValidationError(
+            raise InvalidRequest(
                 f"{name} is set by blendserve, not passed upstream", param=prefix + name
             )
         if not _finite(value):
-            raise RequestValidationError(
+            raise InvalidRequest(
                 f"{name}: numbers must be finite (no NaN or Infinity)", param=prefix + name
             )
 

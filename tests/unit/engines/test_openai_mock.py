@@ -18,7 +18,7 @@ from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
-    RequestValidationError,
+    InvalidRequest,
 )
 
 T = TypeVar("T")
@@ -354,7 +354,7 @@ def test_retry_after_is_parsed_and_capped() -> None:
 def test_extra_may_not_set_engine_owned_fields() -> None:
     for name in ("n", "seed", "stream"):
         request = chat(params=SamplingParams(extra={name: 2}))
-        with pytest.raises(RequestValidationError) as info:
+        with pytest.raises(InvalidRequest) as info:
             _run(_generate(Upstream(), request))
         assert info.value.param == f"params.extra.{name}"
 

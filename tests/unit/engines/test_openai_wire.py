@@ -30,7 +30,7 @@ from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
-    RequestValidationError,
+    InvalidRequest,
 )
 
 
@@ -179,7 +179,7 @@ def test_a_request_body_carries_the_set_params_and_refuses_engine_owned_ones() -
         GenerateRequest(messages=[{"role": "user", "content": "q"}], model="o"), "m"
     )
     assert chat == {"model": "o", "messages": [{"role": "user", "content": "q"}]}
-    with pytest.raises(RequestValidationError) as raised:
+    with pytest.raises(InvalidRequest) as raised:
         request_body(GenerateRequest(prompt="p", params=SamplingParams(extra={"seed": 1})), None)
     assert raised.value.param == "params.extra.seed"
 
@@ -193,7 +193,7 @@ def test_a_sampling_body_adds_n_seed_and_stream() -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    with pytest.raises(RequestValidationError):
+    with pytest.raises(InvalidRequest):
         sampling_body({"temperature": float("nan")}, 1, None, False)
 
 

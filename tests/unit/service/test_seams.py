@@ -13,7 +13,7 @@ from blendserve.scheduler import Question
 from blendserve.service.admission import admitted
 from blendserve.service.disconnect import ClientGone
 from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions, make_keyer
-from blendserve.service.limits import Admission, JobLimits
+from blendserve.service.limits import NO_SAMPLES, Admission, JobLimits
 
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
 DEFAULTS = JobDefaults(concurrency=8, in_flight_per_question=0.25, request_timeout=3.0)
@@ -74,28 +74,34 @@ class _Request:
     """What admitted() reads of a request."""
 
     def __init__(self, state: _State, gone: bool = False) -> None:
-        self.app: Any = type("App", (), {"state": state})()
+        self.app: Any = type("App", (), {"state": type("State", (), {"service": state})()})()
         self._gone = gone
 
     async def is_disconnected(self) -> bool:
         return self._gone
 
 
+def _prompts(count: int) -> dict[str, str]:
+    return {f"questions.{i}.prompt": "?" for i in range(count)}
+
+
 def test_admission_is_given_back_when_the_block_ends_however_it_ends() -> None:
     state = _State(max_jobs=1)
 
     async def scenario() -> None:
-        async with admitted(_Request(state), 2, param="questions") as held:  # type: ignore[arg-type]
+        async with admitted(_Request(state), _prompts(2), NO_SAMPLES, param="questions") as held:  # type: ignore[arg-type]
             assert (state.admission.jobs, state.admission.questions) == (1, 2)
             held.slot.answered()
             assert state.admission.questions == 1
             with pytest.raises(ServiceOverloaded):
-                async with admitted(_Request(state), 1, param="questions"):  # type: ignore[arg-type]
+                async with admitted(_Request(state), _prompts(1), NO_SAMPLES, param="questions"):  # type: ignore[arg-type]
                     pass
         assert (state.admission.jobs, state.admission.questions) == (0, 0)
         gone: list[bool] = []
         with pytest.raises(ClientGone):
-            async with admitted(_Request(state, gone=True), 1, param="q") as held:  # type: ignore[arg-type]
+            async with admitted(
+                _Request(state, gone=True), _prompts(1), NO_SAMPLES, param="q"
+            ) as held:  # type: ignore[arg-type]
                 await held.wait(asyncio.sleep(5), on_gone=lambda: gone.append(True))
         assert gone == [True] and state.admission.jobs == 0
 
@@ -109,7 +115,7 @@ def test_a_stream_holds_its_admission_past_the_block() -> None:
         yield "x"
 
     async def scenario() -> None:
-        async with admitted(_Request(state), 1, param="q") as held:  # type: ignore[arg-type]
+        async with admitted(_Request(state), _prompts(1), NO_SAMPLES, param="q") as held:  # type: ignore[arg-type]
             held.stream(body())
         assert state.admission.jobs == 1
 

@@ -1,6 +1,6 @@
 """Request grouping: concurrent self-consistency requests share one Blend-ASC job.
 
-Requests whose job settings agree (model, policy, answer format, sampling,
+Requests whose job options agree (model, policy, answer format, sampling,
 settle delta) are gathered for up to ``wait`` seconds or ``max_questions``
 questions into one job whose budget is the sum of their per-question budgets
 (the paper's "batched queries"). Each request is answered as soon as its own
@@ -23,7 +23,7 @@ __all__ = ["Grouper", "Ticket"]
 
 @dataclass(eq=False)
 class _Group:
-    settings: JobOptions
+    options: JobOptions
     questions: list[Question] = field(default_factory=list)
     budgets: list[float] = field(default_factory=list)
     futures: list[asyncio.Future[AnswerEvent]] = field(default_factory=list)
@@ -80,13 +80,13 @@ class Grouper:
         self.jobs_started = 0
 
     def submit(
-        self, settings: JobOptions, questions: Sequence[Question], budget_per_question: float
+        self, options: JobOptions, questions: Sequence[Question], budget_per_question: float
     ) -> Ticket:
-        """Adds a request's questions to the open group of its settings."""
-        key = settings.key()
+        """Adds a request's questions to the open group of its options."""
+        key = options.key()
         group = self._open.get(key)
         if group is None:
-            group = self._open[key] = _Group(settings)
+            group = self._open[key] = _Group(options)
             if self.wait > 0:
                 loop = asyncio.get_running_loop()
                 group.timer = loop.call_later(self.wait, self._launch, key, group)
@@ -114,9 +114,9 @@ class Grouper:
         if not live:
             return
         group.index = {i: j for j, i in enumerate(live)}
-        settings = group.settings
+        options = group.options
         budget = max(len(live), round(sum(group.budgets[i] for i in live)))
-        job = self.maker.job(settings, [group.questions[i] for i in live], budget)
+        job = self.maker.job(options, [group.questions[i] for i in live], budget)
         group.job = self.jobs.add(job)
         self.jobs_started += 1
         group.task = asyncio.get_running_loop().create_task(self._run(group, live))

@@ -81,19 +81,19 @@ class OnlinePools:
         self._ids = itertools.count()
 
     def pool(
-        self, settings: JobOptions, budget_per_question: float, confidence: float | None = None
+        self, options: JobOptions, budget_per_question: float, confidence: float | None = None
     ) -> Pool:
-        """The pool of these settings and budget (or quality target), made if new."""
+        """The pool of these options and budget (or quality target), made if new."""
         target = None if confidence is None else 1.0 - confidence
-        key = json.dumps([settings.key(), budget_per_question, target])
+        key = json.dumps([options.key(), budget_per_question, target])
         pool = self.pools.get(key)
         if pool is None:
             self._evict()
             label = self.labels.label(
-                settings.model, settings.answer_kind, budget_per_question, target
+                options.model, options.answer_kind, budget_per_question, target
             )
             pool = self.maker.pool(
-                settings,
+                options,
                 label,
                 budget_per_question=None if target is not None else budget_per_question,
                 target=target,
@@ -106,14 +106,14 @@ class OnlinePools:
 
     def submit(
         self,
-        settings: JobOptions,
+        options: JobOptions,
         questions: Sequence[Question],
         budget_per_question: float,
         confidence: float | None = None,
         client: str = SHARED_CLIENT,
     ) -> OnlineTicket:
         """Adds a request's questions to their pool at once, as ``client``'s."""
-        pool = self.pool(settings, budget_per_question, confidence)
+        pool = self.pool(options, budget_per_question, confidence)
         tasks = []
         for question in questions:
             # Ids must be unique among open questions (replica affinity keys on them).
@@ -156,7 +156,7 @@ class DropIn:
 
     def submit(
         self,
-        settings: JobOptions,
+        options: JobOptions,
         questions: Sequence[Question],
         budget_per_question: float,
         *,
@@ -166,8 +166,8 @@ class DropIn:
     ) -> OnlineTicket | Ticket:
         """Sends a request's questions to a pool (as ``client``'s), or to a group when asked to."""
         if confidence is not None or (self.online and not policy_asked):
-            return self.pools.submit(settings, questions, budget_per_question, confidence, client)
-        return self.grouper.submit(settings, questions, budget_per_question)
+            return self.pools.submit(options, questions, budget_per_question, confidence, client)
+        return self.grouper.submit(options, questions, budget_per_question)
 
     async def aclose(self) -> None:
         """Cancels every open question and running job."""

@@ -21,13 +21,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from blendserve.engines.base import Engine
 from blendserve.engines.passthrough import PassThrough
-from blendserve.errors import RequestValidationError
+from blendserve.errors import InvalidRequest
 from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, error_responses
 from blendserve.service.json_depth import deep_field, deep_field_in, depth_message
-from blendserve.service.limits import LARGE_BODY_BYTES
+from blendserve.service.limits import LARGE_BODY_BYTES, NO_SAMPLES
+from blendserve.service.state import service_of
 
 __all__ = ["TOKENIZER_BODY_PATHS", "router"]
 
@@ -52,7 +52,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object, parsed in a thread when large.
 
     Raises:
-        RequestValidationError: not a JSON object, or nested too deep.
+        InvalidRequest: not a JSON object, or nested too deep.
     """
     raw = await request.body()
     try:
@@ -64,30 +64,30 @@ async def _json_object(request: Request) -> dict[str, Any]:
         value = None
         param = deep_field_in(raw)
     except ValueError as exc:
-        raise RequestValidationError(f"the body is not JSON: {exc}") from None
+        raise InvalidRequest(f"the body is not JSON: {exc}") from None
     else:
         param = deep_field(value)
     if param is not None:
-        raise RequestValidationError(depth_message(), param=param or None)
+        raise InvalidRequest(depth_message(), param=param or None)
     if not isinstance(value, dict):
-        raise RequestValidationError("the body must be a JSON object")
+        raise InvalidRequest("the body must be a JSON object")
     return value
 
 
 async def _ask(request: Request, path: str, body: dict[str, Any] | None) -> Response:
-    engine: Engine = request.app.state.engine
-    async with admitted(request, 0, param="body") as held:
+    engine = service_of(request).engine
+    async with admitted(request, {}, NO_SAMPLES, param="body") as held:
         asked = engine.tokenizer(path, body) if isinstance(engine, PassThrough) else None
         reply = await held.wait(asked) if asked is not None else None
         if reply is None:
             message = f"the {engine.name} engine has no tokenizer: {path} needs an upstream"
-            return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
+            return JSONResponse(error_body(message, 404), 404)
         if reply.status == 404:
             message = (
                 f"the upstream has no {path} (vLLM serves /tokenize and /detokenize, and "
                 "/tokenizer_info with --enable-tokenizer-info-endpoint)"
             )
-            return JSONResponse(error_body(message, "invalid_request_error", 404), 404)
+            return JSONResponse(error_body(message, 404), 404)
         return held.stream(reply.body, status_code=reply.status, media_type=reply.content_type)
 
 

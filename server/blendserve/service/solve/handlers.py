@@ -61,13 +61,10 @@ async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
             Question(id=q.id if q.id is not None else str(i), prompt=q.prompt, messages=q.messages)
             for i, q in enumerate(request.questions[start : start + _CHUNK], start)
         ]
-    options = JobOptions(
-        policy=request.policy,
-        answer_kind=request.answer.kind,
-        answer_pattern=request.answer.pattern,
-        settle_delta=request.settle_delta,
-        sampling=request.sampling.to_sampling_params(),
-        model=request.model,
+    options = JobOptions.asked(
+        request,
+        request.sampling.to_sampling_params(),
+        request.model,
         concurrency=request.concurrency,
         in_flight_per_question=request.in_flight_per_question,
     )

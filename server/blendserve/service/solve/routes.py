@@ -9,9 +9,10 @@ from fastapi.responses import Response
 
 from blendserve.service.admission import admitted
 from blendserve.service.errors import error_responses
-from blendserve.service.limits import Prompt
+from blendserve.service.limits import Budget, Prompt
 from blendserve.service.solve.handlers import build_job, collect, ndjson_lines, sse_frames
 from blendserve.service.solve.schemas import SolveRequest, SolveResponse
+from blendserve.service.state import service_of
 
 __all__ = ["router"]
 
@@ -39,7 +40,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
     ``progress``, ``done``) with ``stream: true`` or ``Accept:
     text/event-stream``, NDJSON with ``Accept: application/x-ndjson``.
     """
-    state = request.app.state
+    state = service_of(request)
     # Validation of a large body has just run on the event loop: let others have a turn.
     await asyncio.sleep(0)
     prompts: dict[str, Prompt] = {}
@@ -48,14 +49,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
             prompts[f"questions.{i}.prompt"] = q.prompt
         elif q.messages is not None:
             prompts[f"questions.{i}.messages"] = q.messages
-    async with admitted(
-        request,
-        len(body.questions),
-        param="questions",
-        prompts=prompts,
-        budget=body.total_budget,
-        budget_param=_budget_param(body),
-    ) as held:
+    async with admitted(request, prompts, _budget(body), param="questions") as held:
         built = await build_job(body, state.job_maker)
         job = state.running.add(built)
         accept = request.headers.get("accept", "")
@@ -70,8 +64,11 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         return await held.wait(collect(job, held.slot))
 
 
-def _budget_param(body: SolveRequest) -> str:
-    """The field a request's total budget comes from (a cap, with ``confidence``)."""
+def _budget(body: SolveRequest) -> Budget:
+    """The request's budget, named by the field it comes from (a cap, with ``confidence``)."""
+    total = body.total_budget
     if body.confidence is not None:
-        return "max_samples_per_question"
-    return "budget" if body.budget is not None else "budget_per_question"
+        return Budget(body.cap, total, "max_samples_per_question")
+    if body.budget_per_question is not None:
+        return Budget(body.budget_per_question, total, "budget_per_question")
+    return Budget(total / max(1, len(body.questions)), total, "budget")

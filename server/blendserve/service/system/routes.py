@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from blendserve.engines.base import Engine
 from blendserve.service.errors import error_responses
+from blendserve.service.state import service_of
 from blendserve.service.system.schemas import HealthResponse, ModelCard, ModelListResponse
 
 __all__ = ["router"]
@@ -15,8 +16,7 @@ router = APIRouter()
 
 
 def _engine(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
+    return service_of(request).engine
 
 
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
