@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blendserve.core.flatness import PROBE, Flatness
+from blendserve.core.online_rule import OnlineRule
 from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Engine, Sample, SamplingParams
@@ -80,27 +81,20 @@ class PoolSpec:
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
 
+    @property
+    def online(self) -> OnlineRule:
+        """The online rule the pool's questions stop and are paced by."""
+        return OnlineRule(score=self.score, cap=self.cap, target=self.target)
+
     def rule(self, flatness: Flatness | None = None) -> StoppingRule:
         """The stopping rule of a question; its first wave and cap follow ``flatness``."""
         if self.budget_per_question is None:
             return StoppingRule(self.score, self.max_cap)
-        if flatness is None:
-            return StoppingRule.for_budget(self.budget_per_question, score=self.score, cap=self.cap)
-        return StoppingRule.for_budget(
-            self.budget_per_question,
-            score=self.score,
-            cap=flatness.cap(self.cap),
-            first_share=flatness.share,
-        )
+        return self.online.stopping(self.budget_per_question, flatness)
 
     def threshold(self) -> PacedThreshold:
         """A fresh pacing controller (or fixed threshold) for the pool."""
-        if self.target is not None:
-            # A target nearer certainty than the rule's floor (1e-12) is held at it.
-            return PacedThreshold(None, log_tau=math.log(max(self.target, 1e-12)))
-        if self.budget_per_question is None:
-            raise ValueError("a pool needs a budget per question or a target")
-        return PacedThreshold(max(1.0, self.budget_per_question))
+        return self.online.threshold(self.budget_per_question)
 
 
 @dataclass(eq=False)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 from pydantic_core import PydanticCustomError
 
 from blendserve.core.answers import search_regex
-from blendserve.core.policies import PolicySpec
+from blendserve.core.policies import PolicySpec, policy_pattern
 from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
 from blendserve.errors import InvalidRequest
 from blendserve.service.fields import RequestModel
@@ -47,11 +47,7 @@ __all__ = [
 #: Policies a caller may ask for (the oracle needs the true distributions).
 SERVING_POLICIES = ("hedge", "blend", "asc", "ppr", "esc", "sc")
 #: The policy strings the OpenAPI schema documents (validation parses them, see check_policy).
-_POLICY_OPTION = (
-    r"(cap=([0-9]+(\.[0-9]+)?|none)|window=[0-9]+|settle_delta=0(\.[0-9]+)?"
-    r"|probe=[0-9]+|floor=([01](\.[0-9]+)?|none)|stop=0(\.[0-9]+)?)"
-)
-POLICY_PATTERN = rf"^(hedge|blend|asc|ppr|esc|sc)(:{_POLICY_OPTION}(,{_POLICY_OPTION})*)?$"
+POLICY_PATTERN = policy_pattern(SERVING_POLICIES)
 
 #: Chat messages as OpenAI takes them; validated by check_messages.
 ChatMessages = Annotated[

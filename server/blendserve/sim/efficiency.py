@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from blendserve.core.online_rule import OnlineRule
 from blendserve.core.policies import DEFAULT_POLICY, POLICIES, PolicySpec
 from blendserve.sim.data import Dataset
-from blendserve.sim.online import OnlineSpec, run_online
+from blendserve.sim.online import run_online
 from blendserve.sim.runner import run_policy, run_sc
 
 __all__ = [
@@ -72,7 +73,7 @@ def _run_in_worker(args: tuple[str, int, int, int]) -> NDArray[np.int32]:
 def _online_in_worker(args: tuple[str, int, int, int]) -> tuple[int, int]:
     label, budget, seed, _ = args
     assert _dataset is not None
-    run = run_online(_dataset, OnlineSpec.parse(label), budget / _dataset.num_questions, seed)
+    run = run_online(_dataset, OnlineRule.parse(label), budget / _dataset.num_questions, seed)
     return run.num_wrong, int(run.samples.sum())
 
 
@@ -240,7 +241,7 @@ def sample_efficiency(
         raise ValueError("reps and batch must be at least 1")
     online = {label for label in methods if _is_online(label)}
     for label in online:
-        OnlineSpec.parse(label)  # reject a bad spec before any run
+        OnlineRule.parse(label)  # reject a bad spec before any run
     specs = {label: parse_policy(label) for label in methods if label not in online}
     n = dataset.num_questions
     top = max(targets)

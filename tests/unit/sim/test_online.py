@@ -2,13 +2,14 @@
 
 import numpy as np
 import pytest
+from blendserve.core.online_rule import OnlineRule
 from blendserve.sim import sample_efficiency, synthetic
-from blendserve.sim.online import OnlineSpec, run_online
+from blendserve.sim.online import run_online
 
 
 def test_the_stream_spends_the_budget_and_beats_sc_at_that_spend() -> None:
     dataset = synthetic("llm", 400, seed=0)
-    run = run_online(dataset, OnlineSpec(), 6.0, seed=0)
+    run = run_online(dataset, OnlineRule(), 6.0, seed=0)
     assert run.samples.mean() == pytest.approx(6.0, rel=0.05)
     assert abs(run.running_mean()[199] / 6.0 - 1) < 0.15
     assert run.rounds.min() >= 1 and np.median(run.rounds) <= 3
@@ -19,19 +20,19 @@ def test_the_stream_spends_the_budget_and_beats_sc_at_that_spend() -> None:
 
 def test_a_quality_target_spends_more_when_stricter() -> None:
     dataset = synthetic("llm", 200, seed=1)
-    loose = run_online(dataset, OnlineSpec(target=0.1), 8.0, seed=0)
-    strict = run_online(dataset, OnlineSpec(target=0.001), 8.0, seed=0)
+    loose = run_online(dataset, OnlineRule(target=0.1), 8.0, seed=0)
+    strict = run_online(dataset, OnlineRule(target=0.001), 8.0, seed=0)
     assert strict.samples.mean() > loose.samples.mean()
     assert strict.num_wrong <= loose.num_wrong
 
 
 def test_same_seed_same_run() -> None:
     dataset = synthetic("d1", 100, seed=2)
-    a, b = (run_online(dataset, OnlineSpec(score="ppr"), 4.0, seed=5) for _ in range(2))
+    a, b = (run_online(dataset, OnlineRule(score="ppr"), 4.0, seed=5) for _ in range(2))
     assert a.num_wrong == b.num_wrong and (a.samples == b.samples).all()
 
 
 @pytest.mark.parametrize("text", ["online:score=x", "online:cap=0.5", "online:target=2", "asc"])
 def test_bad_specs_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
-        OnlineSpec.parse(text)
+        OnlineRule.parse(text)

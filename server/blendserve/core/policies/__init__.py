@@ -11,7 +11,7 @@ from blendserve.core.policies.priority import (
     PriorityPolicy,
     SCPolicy,
 )
-from blendserve.core.policies.spec import DEFAULT_POLICY, POLICIES, PolicySpec
+from blendserve.core.policies.spec import DEFAULT_POLICY, POLICIES, PolicySpec, policy_pattern
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -26,4 +26,5 @@ __all__ = [
     "PolicySpec",
     "PriorityPolicy",
     "SCPolicy",
+    "policy_pattern",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from blendserve.core.options import Option, parse_spec, spec_pattern
 from blendserve.core.policies.base import AllocationPolicy
 from blendserve.core.policies.blend import BlendPolicy
 from blendserve.core.policies.hedge import HedgePolicy
@@ -17,7 +18,7 @@ from blendserve.core.policies.priority import (
     SCPolicy,
 )
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "PolicySpec"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "PolicySpec", "policy_pattern"]
 
 #: Policy name -> class.
 POLICIES: dict[str, type[AllocationPolicy]] = {
@@ -26,14 +27,22 @@ POLICIES: dict[str, type[AllocationPolicy]] = {
 }
 #: What ``/solve`` and grouped ``/v1`` jobs run unless the caller names a policy.
 DEFAULT_POLICY = HedgePolicy.name
-# option -> parser; "none" turns the cap off.
-_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "cap": lambda text: None if text.lower() == "none" else float(text),
-    "window": int,
-    "settle_delta": float,
-    "probe": int,
-    "floor": lambda text: None if text.lower() == "none" else float(text),
-    "stop": float,
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_SHARE = r"0(\.[0-9]+)?"
+
+
+def _or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
+# "none" turns the cap (or the floor) off.
+_OPTIONS: dict[str, Option] = {
+    "cap": Option(_or_none, rf"({_NUMBER}|none)"),
+    "window": Option(int, "[0-9]+"),
+    "settle_delta": Option(float, _SHARE),
+    "probe": Option(int, "[0-9]+"),
+    "floor": Option(_or_none, r"([01](\.[0-9]+)?|none)"),
+    "stop": Option(float, _SHARE),
 }
 # option -> the one policy that takes it
 _ONLY = {"window": "esc", "probe": "hedge", "floor": "hedge", "stop": "hedge"}
@@ -58,23 +67,13 @@ class PolicySpec:
         Raises:
             ValueError: unknown policy or option, or a malformed value.
         """
-        name, _, rest = text.strip().partition(":")
+        name, options = parse_spec(text, _OPTIONS)
         if name not in POLICIES:
             known = ", ".join(POLICIES)
             raise ValueError(f"unknown policy {name!r} (known: {known})")
-        options: dict[str, Any] = {}
-        for item in filter(None, rest.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or key not in _OPTIONS:
-                raise ValueError(
-                    f"bad option {item!r} in policy {text!r} (known: {', '.join(_OPTIONS)})"
-                )
+        for key in options:
             if key in _ONLY and name != _ONLY[key]:
                 raise ValueError(f"option {key} applies to {_ONLY[key]} only, not {name!r}")
-            try:
-                options[key] = _OPTIONS[key](value)
-            except ValueError as exc:
-                raise ValueError(f"bad value {value!r} for {key} in policy {text!r}") from exc
         return cls(name, options)
 
     @property
@@ -90,3 +89,8 @@ class PolicySpec:
         same keyword passed here, which is the caller's default.
         """
         return POLICIES[self.name](num_questions, budget, **{**kwargs, **self.options})
+
+
+def policy_pattern(names: Iterable[str]) -> str:
+    """The regular expression of policy strings naming one of ``names`` (for schemas)."""
+    return spec_pattern(names, _OPTIONS)

@@ -1,0 +1,108 @@
+"""The online rule in one place: how each question of a stream stops, and how the stream is paced.
+
+``/v1``'s pools (:class:`~blendserve.scheduler.pool.PoolSpec`) and the
+simulator's ``online`` method (:func:`~blendserve.sim.online.run_online`) both
+build their stopping rules and pacing from an :class:`OnlineRule`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from blendserve.core.flatness import Flatness
+from blendserve.core.options import Option, parse_spec
+from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
+
+__all__ = ["MIN_TARGET", "OnlineRule"]
+
+#: A quality target nearer certainty than this is held at it (the rule's floor).
+MIN_TARGET = 1e-12
+#: The first wave's share of the budget before any question has finished.
+_FIRST_SHARE = 0.5
+
+
+def _score(text: str) -> str:
+    if text not in SCORES:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}")
+    return text
+
+
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_OPTIONS = {
+    "score": Option(_score, "(" + "|".join(SCORES) + ")"),
+    **{key: Option(float, _NUMBER) for key in ("cap", "target", "growth", "extra", "first")},
+}
+
+
+@dataclass(frozen=True)
+class OnlineRule:
+    """Options of online stopping, as ``online[:score=asc,cap=16,target=0.01,...]`` writes them.
+
+    Attributes:
+        score: the uncertainty thresholded (``asc`` or ``ppr``).
+        cap: a question's cap, as a multiple of the mean budget.
+        target: a fixed ``tau`` (a quality target) instead of pacing to the budget.
+        growth: waves are at least this share of the samples a question has.
+        extra: a question's cap is at most this many samples beyond the budget.
+        first: a question's first wave is at least this share of the budget
+            (None: learned from the flatness of the finished questions).
+    """
+
+    score: Score = "asc"
+    cap: float = DEFAULT_CAP
+    target: float | None = None
+    growth: float = 0.0
+    extra: float = 48.0
+    first: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.growth >= 0 and self.extra >= 0 and (self.first or 0.0) >= 0):
+            raise ValueError("growth, extra and first must be at least 0")
+        if not self.cap >= 1.0:
+            raise ValueError(f"cap must be at least 1 (a multiple of the budget), got {self.cap}")
+        if self.target is not None and not 0.0 < self.target < 1.0:
+            raise ValueError(f"target must be in (0, 1), got {self.target}")
+
+    @classmethod
+    def parse(cls, text: str) -> OnlineRule:
+        """Parses ``online``, ``online:score=ppr,cap=4`` or ``online:target=0.01``.
+
+        Raises:
+            ValueError: not an online spec, or a bad option.
+        """
+        name, options = parse_spec(text, _OPTIONS)
+        if name != "online":
+            raise ValueError(f"not an online method: {text!r}")
+        fields: dict[str, Any] = options
+        return cls(**fields)
+
+    def threshold(self, budget_per_question: float | None) -> PacedThreshold:
+        """A fresh pacing controller to ``budget_per_question`` (at least 1), or the fixed target.
+
+        Raises:
+            ValueError: neither a budget nor a target.
+        """
+        if self.target is not None:
+            return PacedThreshold(None, log_tau=math.log(max(self.target, MIN_TARGET)))
+        if budget_per_question is None:
+            raise ValueError("online stopping needs a budget per question or a target")
+        return PacedThreshold(max(1.0, budget_per_question))
+
+    def stopping(
+        self, budget_per_question: float, flatness: Flatness | None = None
+    ) -> StoppingRule:
+        """A question's rule for a mean budget; its first wave and cap follow ``flatness``."""
+        if self.first is not None:
+            share = self.first
+        else:
+            share = flatness.share if flatness is not None else _FIRST_SHARE
+        return StoppingRule.for_budget(
+            budget_per_question,
+            score=self.score,
+            cap=flatness.cap(self.cap) if flatness is not None else self.cap,
+            max_extra=self.extra,
+            min_growth=self.growth,
+            first_share=share,
+        )
