@@ -31,6 +31,7 @@ __all__ = [
     "AnswerTextOut",
     "ChatMessages",
     "ConfidenceOut",
+    "SamplingBase",
     "SamplingFields",
     "SamplingIn",
     "StoppedOut",
@@ -225,12 +226,9 @@ def sampling_params(
     )
 
 
-class SamplingIn(RequestModel):
-    """Sampling parameters, as in the OpenAI and vLLM APIs."""
+class SamplingBase(RequestModel):
+    """The sampling fields ``/solve`` and ``/v1`` share; each declares its own temperature."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    temperature: float | None = Field(0.7, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
@@ -242,6 +240,14 @@ class SamplingIn(RequestModel):
         le=SEED_MAX,
         description="64-bit signed; a question's i-th sample gets seed + i (wrapping)",
     )
+
+
+class SamplingIn(SamplingBase):
+    """Sampling parameters, as in the OpenAI and vLLM APIs."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(0.7, ge=0, le=2)
     extra: dict[str, Any] = Field(default_factory=dict, description="passed upstream as is")
 
     @field_validator("extra")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
+from blendserve.engines.base import SamplingParams
 from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
@@ -20,6 +20,7 @@ from blendserve.service.vocabulary import (
     AnswerTextOut,
     ChatMessages,
     ConfidenceOut,
+    SamplingBase,
     StoppedOut,
     check_messages,
     check_nesting,
@@ -95,7 +96,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Request(RequestModel):
+class _Request(SamplingBase):
     """Fields both completion routes share."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -105,17 +106,6 @@ class _Request(RequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(
-        None,
-        ge=SEED_MIN,
-        le=SEED_MAX,
-        description="64-bit signed; a question's i-th sample gets seed + i (wrapping)",
-    )
     blendserve: BlendserveOptions = Field(default_factory=BlendserveOptions)
 
     @model_validator(mode="before")
