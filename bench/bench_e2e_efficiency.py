@@ -45,11 +45,11 @@ from typing import Any
 
 import httpx
 from bench_scheduler import serve
+from blendserve.answers import make_keyer
 from blendserve.core.policies import PolicySpec
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.service import Settings
-from blendserve.service.jobs import make_keyer
 from blendserve.sim.clock import run_virtual
 from blendserve.sim.runner import AnswerDraws
 from records import Record, StreamEngine, load, percentiles, synthetic_records

@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import uvicorn
+from blendserve.answers import make_keyer
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, Job, JobSpec, Question
 from blendserve.service import Settings, create_app
-from blendserve.service.jobs import make_keyer
 
 
 def _records(path: Path, limit: int) -> list[dict[str, Any]]:

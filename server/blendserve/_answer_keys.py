@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -21,6 +21,7 @@ from blendserve._byte_lru import ByteLRU
 from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.core.answers import (
     REGEX_TIMEOUT_S,
+    AnswerKind,
     RegexTimeout,
     RegexUnavailable,
     check_kind,
@@ -38,7 +39,18 @@ from blendserve.core.answers import (
 from blendserve.core.answers import extract as _core_extract
 from blendserve.stats import NO_STATS, Stats
 
-__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_DEADLINE_S", "AnswerKeys", "CacheInfo", "KeyOwner"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "DEFAULT_DEADLINE_S",
+    "AnswerKeys",
+    "CacheInfo",
+    "KeyOwner",
+    "SampleKeyer",
+]
+
+#: ``completion text -> (answer, key)``, both None when the sample abstains: how a
+#: job or pool keys its samples (the scheduler's ``Keyer``).
+SampleKeyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
 
 #: Seconds one math answer may spend in sympy before it keys as a string.
 DEFAULT_DEADLINE_S = 2.0
@@ -262,7 +274,11 @@ class AnswerKeys:
             )
 
     def extract(
-        self, text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
+        self,
+        text: str,
+        kind: AnswerKind,
+        pattern: str | None = None,
+        owner: KeyOwner | None = None,
     ) -> str | None:
         """The final answer of one sample, or None when it abstains."""
         timeout = owner.regex_timeout() if owner is not None else REGEX_TIMEOUT_S
@@ -358,7 +374,7 @@ class AnswerKeys:
             future.set_result(key)
         return key
 
-    def canonical_key(self, answer: str, kind: str) -> str:
+    def canonical_key(self, answer: str, kind: AnswerKind) -> str:
         """The voting key of an extracted answer (may block up to the deadline)."""
         check_kind(kind)
         if kind in ("math", "auto"):
@@ -369,7 +385,9 @@ class AnswerKeys:
             return choice_key(answer)
         return exact_key(answer)
 
-    async def acanonical_key(self, answer: str, kind: str, owner: KeyOwner | None = None) -> str:
+    async def acanonical_key(
+        self, answer: str, kind: AnswerKind, owner: KeyOwner | None = None
+    ) -> str:
         """:meth:`canonical_key` for an event loop: sympy work runs off the loop's thread."""
         check_kind(kind)
         if kind not in ("math", "auto"):
@@ -383,20 +401,39 @@ class AnswerKeys:
         )
 
     async def aextract(
-        self, text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
-    ) -> tuple[str | None, str | None]:
-        """A sample's answer and its key (both None: it abstains), off the loop's thread."""
+        self,
+        text: str,
+        kind: AnswerKind,
+        pattern: str | None = None,
+        owner: KeyOwner | None = None,
+    ) -> str | None:
+        """:meth:`extract` for an event loop: a ``regex`` search runs off the loop's thread."""
+        check_kind(kind)
+        if kind != "regex":
+            return self.extract(text, kind, pattern)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._get_executor(), self.extract, text, kind, pattern, owner
+        )
+
+    def keyer(self, kind: AnswerKind, pattern: str | None = None) -> SampleKeyer:
+        """How one job (or one client of a pool) keys its samples: an owner of its own.
+
+        Raises:
+            ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
+        """
         check_kind(kind)
         if kind == "regex":
-            loop = asyncio.get_running_loop()
-            answer = await loop.run_in_executor(
-                self._get_executor(), self.extract, text, kind, pattern, owner
-            )
-        else:
-            answer = self.extract(text, kind, pattern)
-        if answer is None:
-            return None, None
-        return answer, await self.acanonical_key(answer, kind, owner)
+            self.extract("", kind, pattern)  # a pattern that does not compile fails here
+        owner = KeyOwner()
+
+        async def key_sample(text: str) -> tuple[str | None, str | None]:
+            answer = await self.aextract(text, kind, pattern, owner)
+            if answer is None:
+                return None, None
+            return answer, await self.acanonical_key(answer, kind, owner)
+
+        return key_sample
 
 
 def _after_fork() -> None:

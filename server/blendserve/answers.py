@@ -19,7 +19,8 @@ inputs such as ``10^{10^{10}}``, so:
   job): the owner that has used them least goes next, so a job whose answers
   are slow never queues another job's quick answers behind its own.
 
-:func:`acanonical_key` and :func:`aextract_key` never block an event loop: any
+:func:`aextract`, :func:`acanonical_key` and the keyers of :func:`make_keyer` never
+block an event loop: any
 work that may wait on the pool runs on a small thread executor. Workers stop at
 interpreter exit, or at :func:`shutdown`.
 
@@ -39,25 +40,28 @@ from blendserve._answer_keys import (
     AnswerKeys,
     CacheInfo,
     KeyOwner,
+    SampleKeyer,
 )
-from blendserve.core.answers import KINDS
+from blendserve.core.answers import KINDS, AnswerKind
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_DEADLINE_S",
     "KINDS",
     "AnswerKeys",
+    "AnswerKind",
     "CacheInfo",
     "KeyOwner",
+    "SampleKeyer",
     "acanonical_key",
     "aextract",
-    "aextract_key",
     "cache_info",
     "canonical_key",
     "clear_cache",
     "configure",
     "default_keys",
     "extract",
+    "make_keyer",
     "shutdown",
     "warm_up",
 ]
@@ -106,7 +110,7 @@ def cache_info() -> CacheInfo:
     return _default.cache_info()
 
 
-def extract(text: str, kind: str, pattern: str | None = None) -> str | None:
+def extract(text: str, kind: AnswerKind, pattern: str | None = None) -> str | None:
     """The final answer of one sample, or None when it abstains (no answer, truncated).
 
     Args:
@@ -120,7 +124,12 @@ def extract(text: str, kind: str, pattern: str | None = None) -> str | None:
     return _default.extract(text, kind, pattern)
 
 
-def canonical_key(answer: str, kind: str) -> str:
+async def aextract(text: str, kind: AnswerKind, pattern: str | None = None) -> str | None:
+    """:func:`extract` for an event loop: a ``regex`` search runs off the loop's thread."""
+    return await _default.aextract(text, kind, pattern)
+
+
+def canonical_key(answer: str, kind: AnswerKind) -> str:
     """The voting key of an extracted answer: equivalent answers share it.
 
     ``number``: Decimal form (``1,000``, ``$1000.00`` -> ``1000``; ``50%`` -> ``50``).
@@ -136,45 +145,24 @@ def canonical_key(answer: str, kind: str) -> str:
     return _default.canonical_key(answer, kind)
 
 
-async def acanonical_key(answer: str, kind: str, owner: KeyOwner | None = None) -> str:
-    """:func:`canonical_key` for an event loop: sympy work runs off the loop's thread.
+async def acanonical_key(answer: str, kind: AnswerKind) -> str:
+    """:func:`canonical_key` for an event loop: sympy work runs off the loop's thread."""
+    return await _default.acanonical_key(answer, kind)
+
+
+def make_keyer(
+    kind: AnswerKind, pattern: str | None = None, keys: AnswerKeys | None = None
+) -> SampleKeyer:
+    """``text -> (answer, key)`` for one job's samples, off the event loop (a scheduler's keyer).
+
+    Each keyer is its own owner of the sympy workers' time.
 
     Args:
-        answer: an extracted answer.
-        kind: its answer kind.
-        owner: whose key it is (one per job), for a fair share of the workers.
-
-    Raises:
-        ValueError: unknown kind.
-    """
-    return await _default.acanonical_key(answer, kind, owner)
-
-
-async def aextract(
-    text: str, kind: str, pattern: str | None = None, owner: KeyOwner | None = None
-) -> tuple[str | None, str | None]:
-    """Extracts the answer of a sample and returns it with its key (both None: it abstains).
-
-    The ``regex`` kind's search runs on the executor too (it may take up to its timeout).
-
-    Args:
-        text: the sample's completion text.
         kind: the answer kind.
         pattern: the ``regex`` kind's pattern.
-        owner: whose key it is (one per job), for a fair share of the workers.
+        keys: whose workers and cache key the answers (None: the module's default).
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
     """
-    return await _default.aextract(text, kind, pattern, owner)
-
-
-async def aextract_key(text: str, kind: str, pattern: str | None = None) -> str | None:
-    """Extracts the answer of a sample and returns its key (None when it abstains).
-
-    The ``regex`` kind's search runs on the executor too (it may take up to its timeout).
-
-    Raises:
-        ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
-    """
-    return (await aextract(text, kind, pattern))[1]
+    return (keys if keys is not None else _default).keyer(kind, pattern)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from blendserve import answers
-from blendserve.answers import AnswerKeys
+from blendserve.answers import AnswerKeys, AnswerKind
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.engines.base import Engine, SamplingParams
@@ -38,27 +38,7 @@ class AskedOptions(Protocol):
     def settle_delta(self) -> float | None: ...
 
 
-__all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions", "make_keyer"]
-
-
-def make_keyer(kind: str, pattern: str | None, keys: AnswerKeys | None = None) -> Keyer:
-    """``text -> (answer, canonical key)`` for one answer format, off the event loop.
-
-    Each keyer (one per job, or per client of a pool) is its own owner of the
-    sympy workers' time.
-
-    Args:
-        kind: the answer kind.
-        pattern: the ``regex`` kind's pattern.
-        keys: whose workers and cache key the answers (None: the module's default).
-    """
-    state = keys if keys is not None else answers.default_keys()
-    owner = answers.KeyOwner()
-
-    async def keyer(text: str) -> tuple[str | None, str | None]:
-        return await state.aextract(text, kind, pattern, owner)
-
-    return keyer
+__all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +66,7 @@ class JobOptions:
     """What one request asks of its job; None: the service's default."""
 
     policy: str = DEFAULT_POLICY
-    answer_kind: str = "auto"
+    answer_kind: AnswerKind = "auto"
     answer_pattern: str | None = None
     settle_delta: float = 0.0
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -126,7 +106,7 @@ class JobOptions:
 
     def keyer(self, keys: AnswerKeys | None = None) -> Keyer:
         """A fresh keyer of the options' answer format (``keys`` as for make_keyer)."""
-        return make_keyer(self.answer_kind, self.answer_pattern, keys)
+        return answers.make_keyer(self.answer_kind, self.answer_pattern, keys)
 
 
 @dataclass(frozen=True)

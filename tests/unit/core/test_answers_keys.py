@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from blendserve import answers
-from blendserve.answers import acanonical_key, aextract_key, canonical_key, extract
+from blendserve.answers import acanonical_key, aextract, canonical_key, extract, make_keyer
 from blendserve.core.answers import (
     clean_math,
     is_safe_for_sympy,
@@ -235,17 +235,36 @@ def test_async_batch_parses_each_distinct_answer_once() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_aextract_key_extracts_then_keys() -> None:
-    async def main() -> list[str | None]:
+def test_a_keyer_extracts_then_keys() -> None:
+    async def main() -> list[tuple[str | None, str | None]]:
         return [
-            await aextract_key("so \\boxed{\\dfrac{1}{2}}", "math"),
-            await aextract_key("so \\boxed{\\dfrac{1}{2}", "math"),
-            await aextract_key("#### 1,000", "number"),
-            await aextract_key("value=17;", "regex", r"value=(\d+)"),
-            await aextract_key("Answer: (c)", "choice"),
+            await make_keyer("math")("so \\boxed{\\dfrac{1}{2}}"),
+            await make_keyer("math")("so \\boxed{\\dfrac{1}{2}"),
+            await make_keyer("number")("#### 1,000"),
+            await make_keyer("regex", r"value=(\d+)")("value=17;"),
+            await make_keyer("choice")("Answer: (c)"),
         ]
 
-    assert asyncio.run(main()) == ["1/2", None, "1000", "17", "C"]
+    assert asyncio.run(main()) == [
+        ("\\dfrac{1}{2}", "1/2"),
+        (None, None),
+        ("1,000", "1000"),
+        ("17", "17"),
+        ("C", "C"),
+    ]
+
+
+def test_async_twins_return_what_their_sync_forms_return() -> None:
+    text = "so \\boxed{\\dfrac{1}{2}}"
+    assert asyncio.run(aextract(text, "math")) == extract(text, "math") == "\\dfrac{1}{2}"
+    assert asyncio.run(acanonical_key("0.5", "math")) == canonical_key("0.5", "math") == "1/2"
+
+
+def test_a_keyer_refuses_a_bad_kind_or_pattern_when_made() -> None:
+    with pytest.raises(ValueError):
+        make_keyer("words")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        make_keyer("regex", "(unclosed")
 
 
 def test_a_zero_byte_cache_keeps_nothing() -> None:

@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 from blendserve import answers
+from blendserve.answers import make_keyer
 from blendserve.engines.base import SamplingParams
 from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import ServiceOverloaded
 from blendserve.scheduler import Question
 from blendserve.service.admission import admitted
 from blendserve.service.disconnect import ClientGone
-from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions, make_keyer
+from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions
 from blendserve.service.limits import NO_SAMPLES, Admission, JobLimits
 
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"

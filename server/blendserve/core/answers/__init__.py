@@ -7,6 +7,7 @@ The guarded public API (deadlines, worker processes, cache, asyncio) is
 from blendserve.core.answers.extract import (
     KINDS,
     REGEX_TIMEOUT_S,
+    AnswerKind,
     RegexTimeout,
     RegexUnavailable,
     check_kind,
@@ -34,6 +35,7 @@ __all__ = [
     "KINDS",
     "MAX_SYMPY_CHARS",
     "REGEX_TIMEOUT_S",
+    "AnswerKind",
     "RegexTimeout",
     "RegexUnavailable",
     "check_kind",

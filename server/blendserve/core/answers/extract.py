@@ -23,7 +23,7 @@ import importlib
 import re
 from collections import deque
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, get_args
 
 from blendserve.core.answers.normalize import NUMBER_RE, fold_ws, scan_boxes, unwrap_box
 
@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = [
     "KINDS",
     "REGEX_TIMEOUT_S",
+    "AnswerKind",
     "RegexTimeout",
     "RegexUnavailable",
     "check_kind",
@@ -45,8 +46,10 @@ __all__ = [
     "search_regex",
 ]
 
+#: How a sample's answer is read (see the module's docstring).
+AnswerKind = Literal["auto", "number", "math", "choice", "regex", "exact"]
 #: Every answer kind ``extract`` and ``canonical_key`` accept.
-KINDS: tuple[str, ...] = ("auto", "number", "math", "choice", "regex", "exact")
+KINDS: tuple[AnswerKind, ...] = get_args(AnswerKind)
 
 #: Time limit of one ``regex`` kind search (one sample): a backtracking pattern
 #: costs at most this much CPU a sample, and the sample abstains.
