@@ -7,7 +7,7 @@ import threading
 import pytest
 from blendserve import answers
 from blendserve._answer_keys import _Turns
-from blendserve.answers import KeyOwner, acanonical_key
+from blendserve.answers import KeyOwner
 
 from tests.support.waiting import wait_until
 
@@ -19,6 +19,8 @@ def _fresh_cache() -> None:
 
 
 def test_a_job_with_many_slow_answers_does_not_hold_back_another_jobs_answer() -> None:
+    acanonical_key = answers.default_keys().acanonical_key
+
     async def scenario() -> tuple[int, str]:
         slow_job, other_job = KeyOwner(), KeyOwner()
         # 16 distinct polynomial expansions, about 0.1-0.3 s of sympy each, one worker
