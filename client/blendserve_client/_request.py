@@ -1,64 +1,14 @@
-"""Builds ``/solve`` bodies and reads server-sent events (shared by both clients)."""
+"""Headers, errors and server-sent events (shared by both clients)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
 
 from blendserve_client.errors import APIError
-
-QuestionLike = str | Mapping[str, Any]
-
-
-def solve_body(
-    questions: Sequence[QuestionLike],
-    *,
-    budget: int | None,
-    budget_per_question: float | None,
-    policy: str | None,
-    answer: Mapping[str, Any] | str | None,
-    sampling: Mapping[str, Any] | None,
-    model: str | None,
-    settle_delta: float,
-    concurrency: int | None,
-    confidence: float | None,
-    max_samples_per_question: int | None,
-    stream: bool,
-) -> dict[str, Any]:
-    """The JSON body; a plain string question is a prompt.
-
-    ``policy`` None is the service's default. With ``confidence`` the default
-    ``settle_delta`` stays out (a quality target has none; others go, for the
-    service to refuse).
-    """
-    body: dict[str, Any] = {
-        "questions": [{"prompt": q} if isinstance(q, str) else dict(q) for q in questions],
-        "stream": stream,
-    }
-    if policy is not None:
-        body["policy"] = policy
-    if confidence is None or settle_delta != 0.0:
-        body["settle_delta"] = settle_delta
-    if budget is not None:
-        body["budget"] = budget
-    if budget_per_question is not None:
-        body["budget_per_question"] = budget_per_question
-    if answer is not None:
-        body["answer"] = {"kind": answer} if isinstance(answer, str) else dict(answer)
-    optional = (
-        ("sampling", sampling),
-        ("model", model),
-        ("concurrency", concurrency),
-        ("confidence", confidence),
-        ("max_samples_per_question", max_samples_per_question),
-    )
-    for name, value in optional:
-        if value is not None:
-            body[name] = dict(value) if isinstance(value, Mapping) else value
-    return body
 
 
 def headers(api_key: str | None) -> dict[str, str]:

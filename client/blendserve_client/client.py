@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from blendserve_client._request import (
-    QuestionLike,
-    SSEParser,
-    headers,
-    raise_for_error,
-    solve_body,
-)
+from blendserve_client._request import SSEParser, headers, raise_for_error
 from blendserve_client.models import Answer, Progress, SolveResult, StreamCollector, parse_event
+from blendserve_client.options import QuestionLike, SolveOptions, solve_options
 
 __all__ = ["AsyncClient", "Client", "StreamEvent"]
 
@@ -53,43 +48,21 @@ class Client:
     def solve(
         self,
         questions: Sequence[QuestionLike],
-        *,
-        budget: int | None = None,
-        budget_per_question: float | None = None,
-        policy: str | None = None,
-        answer: Mapping[str, Any] | str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        settle_delta: float = 0.0,
-        concurrency: int | None = None,
-        confidence: float | None = None,
-        max_samples_per_question: int | None = None,
+        options: SolveOptions | None = None,
+        **fields: Any,
     ) -> SolveResult:
         """Runs a job and returns every answer.
 
         Args:
             questions: prompts, or ``{"id", "prompt" | "messages"}`` objects.
-            budget: total samples (or give ``budget_per_question``, or ``confidence``).
-            policy: None for the service's default (``hedge``), or ``blend``,
-                ``asc``, ``ppr``, ``esc``, ``sc``.
-            answer: answer kind (``"number"``) or ``{"kind", "pattern"}``.
-            sampling: temperature, top_p, max_tokens, stop, seed, ...
-            model: upstream model.
-            settle_delta: stop a question at this PPR-1v1 error (0: never).
-            concurrency: samples in flight.
-            confidence: a quality target instead of a budget: each question stops
-                once ``P[its answer is not the most likely one] <= 1 - confidence``.
-            max_samples_per_question: with ``confidence``, the cap (default 64).
+            options: the job's options (:class:`SolveOptions`).
+            **fields: options by name (``budget=16, answer="number"``), over ``options``.
 
         Raises:
+            pydantic.ValidationError: an unknown option, or a value of the wrong type.
             APIError: the service refused the job.
         """
-        body = solve_body(
-            questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
-            answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, confidence=confidence,
-            max_samples_per_question=max_samples_per_question, stream=False,
-        )  # fmt: skip
+        body = solve_options(options, fields).body(questions, stream=False)
         response = self._http.post("/solve", json=body)
         raise_for_error(response)
         return SolveResult.model_validate(response.json())
@@ -97,28 +70,14 @@ class Client:
     def stream(
         self,
         questions: Sequence[QuestionLike],
-        *,
-        budget: int | None = None,
-        budget_per_question: float | None = None,
-        policy: str | None = None,
-        answer: Mapping[str, Any] | str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        settle_delta: float = 0.0,
-        concurrency: int | None = None,
-        confidence: float | None = None,
-        max_samples_per_question: int | None = None,
+        options: SolveOptions | None = None,
+        **fields: Any,
     ) -> Iterator[StreamEvent]:
         """Runs a job and yields each answer as it settles, progress, then the summary.
 
         Closing the iterator early disconnects, which cancels the job's samples.
         """
-        body = solve_body(
-            questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
-            answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, confidence=confidence,
-            max_samples_per_question=max_samples_per_question, stream=True,
-        )  # fmt: skip
+        body = solve_options(options, fields).body(questions, stream=True)
         with self._http.stream("POST", "/solve", json=body) as response:
             if not response.is_success:
                 response.read()
@@ -169,25 +128,11 @@ class AsyncClient:
     async def solve(
         self,
         questions: Sequence[QuestionLike],
-        *,
-        budget: int | None = None,
-        budget_per_question: float | None = None,
-        policy: str | None = None,
-        answer: Mapping[str, Any] | str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        settle_delta: float = 0.0,
-        concurrency: int | None = None,
-        confidence: float | None = None,
-        max_samples_per_question: int | None = None,
+        options: SolveOptions | None = None,
+        **fields: Any,
     ) -> SolveResult:
         """Runs a job and returns every answer (see :meth:`Client.solve`)."""
-        body = solve_body(
-            questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
-            answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, confidence=confidence,
-            max_samples_per_question=max_samples_per_question, stream=False,
-        )  # fmt: skip
+        body = solve_options(options, fields).body(questions, stream=False)
         response = await self._http.post("/solve", json=body)
         raise_for_error(response)
         return SolveResult.model_validate(response.json())
@@ -195,25 +140,11 @@ class AsyncClient:
     async def stream(
         self,
         questions: Sequence[QuestionLike],
-        *,
-        budget: int | None = None,
-        budget_per_question: float | None = None,
-        policy: str | None = None,
-        answer: Mapping[str, Any] | str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-        model: str | None = None,
-        settle_delta: float = 0.0,
-        concurrency: int | None = None,
-        confidence: float | None = None,
-        max_samples_per_question: int | None = None,
+        options: SolveOptions | None = None,
+        **fields: Any,
     ) -> AsyncIterator[StreamEvent]:
         """Yields answers as they settle, progress, then the summary (see :meth:`Client.stream`)."""
-        body = solve_body(
-            questions, budget=budget, budget_per_question=budget_per_question, policy=policy,
-            answer=answer, sampling=sampling, model=model, settle_delta=settle_delta,
-            concurrency=concurrency, confidence=confidence,
-            max_samples_per_question=max_samples_per_question, stream=True,
-        )  # fmt: skip
+        body = solve_options(options, fields).body(questions, stream=True)
         async with self._http.stream("POST", "/solve", json=body) as response:
             if not response.is_success:
                 await response.aread()

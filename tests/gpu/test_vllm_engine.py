@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from blendserve.engines import GenerateRequest, SamplingParams
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def test_generate_n_samples_and_cancel() -> None:

@@ -83,7 +83,7 @@ def _serve_with_own_workers(engine: ReplayEngine) -> LiveServer:
 
 def test_a_client_with_slow_answers_does_not_delay_another_clients_answer() -> None:
     with _serve_with_own_workers(ReplayEngine(SLOW_RECORDS + ORDINARY_RECORDS, seed=1)) as live:
-        keys = live.app.state.service.job_maker.keys
+        keys = live.service.job_maker.keys
         keys.warm_up()  # the workers are up: the alone latency has no start-up in it
         alone = _timed(live.url, OTHER, "ordinary alone")
         before = keys.cache_info()

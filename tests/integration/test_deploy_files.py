@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pytest
 import yaml
 
 from tests.support.tools import require
@@ -71,6 +72,8 @@ def test_config_keys_are_settings() -> None:
     assert set(_one("ConfigMap")["data"]) <= fields
 
 
+@pytest.mark.compose
+@pytest.mark.slow
 def test_compose_file_is_valid_for_both_profiles() -> None:
     compose = require("docker-compose", "apt-get install docker-compose (Debian's package)")
     for profile in ("gpu", "cpu"):

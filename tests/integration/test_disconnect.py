@@ -20,6 +20,8 @@ from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 QUESTIONS = [{"id": f"q{i}", "prompt": f"question {i}?"} for i in range(3)]
 MESSAGES = [{"role": "user", "content": "Three?"}]
 V1 = {"blendserve": {"answer": "number", "budget_per_question": 16}}

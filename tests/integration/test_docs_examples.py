@@ -71,6 +71,8 @@ from pydantic import ValidationError
 
 from tests.support.command import serve_command
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 #: The recorded answers the replay server serves: every question an example asks.

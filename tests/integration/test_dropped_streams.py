@@ -25,6 +25,8 @@ from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 #: Dropped streamed jobs in all (the issue's figure is 200: BLENDSERVE_DROPPED_STREAMS=200).
 STREAMS = int(os.environ.get("BLENDSERVE_DROPPED_STREAMS", "200"))
 ROUND = 50  # jobs dropped at once

@@ -7,7 +7,8 @@ import asyncio
 import socket
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +22,9 @@ from blendserve.service import Settings, create_app
 
 from tests.integration.test_metrics import assert_samples_add_up, upstream_samples
 from tests.support.live import LiveServer, serve_engine
+from tests.support.running import run_coroutine
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 T = TypeVar("T")
 QUESTIONS = [
@@ -33,18 +37,17 @@ QUESTIONS = [
 INSTRUCTION = " Answer in one or two short sentences and end with the final number."
 MODEL = "qwen2.5-coder-0.5b"
 
-
-def _run(coro: Coroutine[Any, Any, T], timeout: float = 240) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+#: The model's samples run on the CPU: a coroutine may take minutes.
+on_cpu = partial(run_coroutine, timeout=240)
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedLlamaServer]:
     cache = Path(tempfile.gettempdir()) / "blendserve-models"
     live = EmbeddedLlamaServer(ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048)
-    _run(live.start())
+    on_cpu(live.start())
     yield live
-    _run(live.aclose())
+    on_cpu(live.aclose())
     assert not live.running
 
 
@@ -67,7 +70,7 @@ def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -
             )
             return [s.text for s in samples]
 
-    texts = _run(scenario())
+    texts = on_cpu(scenario())
     assert len(texts) == 4
     assert len(set(texts)) >= 2  # llama.cpp ignores n: distinct seeds give distinct samples
 
@@ -84,7 +87,7 @@ def test_streamed_samples_count_the_prompt_like_unstreamed_ones(
             streamed = await streaming.generate(request)
         return [s.prompt_tokens for s in unstreamed], [s.prompt_tokens for s in streamed]
 
-    unstreamed, streamed = _run(scenario())
+    unstreamed, streamed = on_cpu(scenario())
     assert unstreamed[0] > 10 and streamed == unstreamed == [unstreamed[0]] * 3
 
 
@@ -97,7 +100,7 @@ def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
                 found.append(extract(sample.text, "number"))
             return found
 
-    found = _run(scenario())
+    found = on_cpu(scenario())
     assert sum(answer is not None for answer in found) >= 4, found
 
 
@@ -112,7 +115,7 @@ def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
             (sample,) = await asyncio.wait_for(engine.generate(short), timeout=25)
             assert sample.text
 
-    _run(scenario())
+    on_cpu(scenario())
     assert server.running
 
 
@@ -129,7 +132,7 @@ def test_a_dead_replica_is_retried_on_the_live_one(server: EmbeddedLlamaServer) 
             ]
             return sum(len(r) for r in results)
 
-    assert _run(scenario()) == 3
+    assert on_cpu(scenario()) == 3
 
 
 def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
@@ -198,7 +201,7 @@ def test_token_id_prompts_reach_llama_cpp_as_its_own_text(server: EmbeddedLlamaS
         finally:
             await inner.aclose()
 
-    detokenized, texts, not_forwarded = _run(scenario())
+    detokenized, texts, not_forwarded = on_cpu(scenario())
     assert detokenized.strip() == text and len(texts) == 2 and all(texts) and not_forwarded
 
 

@@ -23,6 +23,8 @@ from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import serve_engine
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 QUESTIONS = [
     {"id": f"q{i}", "messages": [{"role": "user", "content": f"question {i}?"}]} for i in range(4)
 ]

@@ -23,12 +23,13 @@ from blendserve.engines.base import UpstreamReply
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai_wire import once
 from blendserve.engines.replay import ReplayEngine
-from blendserve.service.limits import Admission
 
 from tests.support.errors import error_body
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
 
 RECORDS = [
     {"id": str(i), "prompt": f"What is {i} plus one?", "answers": [str(i + 1)] * 3 + ["0"]}
@@ -38,11 +39,6 @@ OFF = {"blendserve": {"enabled": False}}
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
 DEPTHS = [10, 100, 500, 1000, 5000]
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's seeds: 64-bit signed
-
-
-def _admission(live: LiveServer) -> Admission:
-    admission: Admission = live.app.state.service.admission
-    return admission
 
 
 @pytest.fixture
@@ -162,7 +158,7 @@ def test_a_field_nested_deep_is_a_422_naming_it_and_never_a_traceback(
         if depth > 64:
             assert "nest more than 64 deep" in error["message"]
     assert tracebacks.count == before, "a traceback was logged"
-    wait_until(lambda: _admission(replay).jobs == 0, 10, "the slot given back")
+    wait_until(lambda: replay.service.admission.jobs == 0, 10, "the slot given back")
 
 
 def test_a_body_nested_at_the_limit_is_served(replay: LiveServer) -> None:
@@ -201,7 +197,7 @@ class _GatedTokenizer(ReplayEngine):
 def test_tokenizer_calls_over_the_job_limit_are_429_and_give_their_slots_back() -> None:
     engine = _GatedTokenizer()
     with serve_engine(engine, max_concurrent_jobs=3) as live, ThreadPoolExecutor(3) as pool:
-        admission = _admission(live)
+        admission = live.service.admission
 
         def tokenize() -> int:
             body = {"prompt": "x"}
@@ -288,7 +284,7 @@ def test_pass_through_over_the_job_limits_is_422_naming_the_field(
         served = httpx.post(f"{live.url}{path}", json={**at_limit, **OFF}, timeout=30)
         assert served.status_code == 200, served.text
         assert fake.state.requests == 1
-        wait_until(lambda: _admission(live).jobs == 0, 10, "the slot given back")
+        wait_until(lambda: live.service.admission.jobs == 0, 10, "the slot given back")
 
 
 # --- seeds: 64-bit signed, shifted per sample within that range ------------------------------

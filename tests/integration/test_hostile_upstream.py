@@ -24,6 +24,8 @@ from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 OFF = {"blendserve": {"enabled": False}}
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
 SOLVE = {"questions": [{"id": "q", "messages": CHAT["messages"]}], "budget": 2}
@@ -51,7 +53,7 @@ def test_pass_through_requests_count_against_the_job_limit(fake: FakeServer) -> 
     fake.state.latency = 30  # holds every request until the test ends
     engine = OpenAIEngine([fake.url])
     with serve_engine(engine, max_concurrent_jobs=2) as live, ThreadPoolExecutor(2) as pool:
-        admission: Admission = live.app.state.service.admission
+        admission: Admission = live.service.admission
 
         def post() -> None:
             with contextlib.suppress(httpx.HTTPError):  # cut when the upstream goes away
@@ -76,7 +78,7 @@ def test_a_pass_through_to_a_silent_upstream_ends_at_the_read_timeout(fake: Fake
         response = httpx.post(f"{live.url}/v1/chat/completions", json={**CHAT, **OFF}, timeout=30)
         assert response.status_code == 503, response.text
         assert time.monotonic() - start < 10
-        assert live.app.state.service.admission.jobs == 0
+        assert live.service.admission.jobs == 0
 
 
 def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer) -> None:
@@ -94,7 +96,7 @@ def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer
             for chunk in response.iter_raw():
                 received += len(chunk)
                 assert received < 4 << 20, "the endless reply was relayed on"
-        wait_until(lambda: live.app.state.service.admission.jobs == 0, 10, "the slot given back")
+        wait_until(lambda: live.service.admission.jobs == 0, 10, "the slot given back")
 
 
 # --- upstreams that flood ---------------------------------------------------------------

@@ -21,7 +21,6 @@ import openai
 import pytest
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-from blendserve.service.limits import Admission
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command
@@ -65,13 +64,8 @@ def _metric(url: str, name: str) -> float:
     return next(s.value for f in families for s in f.samples if s.name == name)
 
 
-def _admission(live: LiveServer) -> Admission:
-    admission: Admission = live.app.state.service.admission
-    return admission
-
-
 def _idle(live: LiveServer) -> Callable[[], bool]:
-    admission = _admission(live)
+    admission = live.service.admission
     return lambda: admission.jobs == 0 and admission.questions == 0
 
 
@@ -240,7 +234,7 @@ def _held(live: LiveServer, questions: int, path: str = "/solve") -> Iterator[ht
                                 "stream": True}  # fmt: skip
     else:
         body = {**_chat(), "stream": True}
-    admission = _admission(live)
+    admission = live.service.admission
     before = admission.jobs
     with httpx.stream("POST", f"{live.url}{path}", json=body, timeout=30) as response:
         assert response.status_code == 200
@@ -267,7 +261,7 @@ def test_jobs_over_the_limit_are_429_with_retry_after(
         _assert_429(stream)
         completion = {"model": "replay", "prompt": "What is 1 plus one?"}
         _assert_429(httpx.post(f"{admitting.url}/v1/completions", json=completion))
-        assert _admission(admitting).jobs == 2
+        assert admitting.service.admission.jobs == 2
     wait_until(_idle(admitting), 15, "the abandoned jobs to give their slots back")
     engine.latency = LatencyModel()
     response = _solve(admitting.url, questions=_questions(2), budget=4)
@@ -281,7 +275,7 @@ def test_queued_questions_over_the_limit_are_429(admitting: LiveServer) -> None:
         completion = {"model": "replay", "prompt": ["What is 1 plus one?", "What is 2 plus one?"]}
         _assert_429(httpx.post(f"{admitting.url}/v1/completions", json=completion))
         with _held(admitting, 1):  # exactly the fourth question still fits
-            assert _admission(admitting).questions == 4
+            assert admitting.service.admission.questions == 4
     wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
@@ -329,7 +323,7 @@ def _raw_request(url: str, path: str, body: dict[str, Any]) -> socket.socket:
 def test_a_client_that_leaves_gives_its_slots_back(
     admitting: LiveServer, path: str, body: dict[str, Any]
 ) -> None:
-    admission = _admission(admitting)
+    admission = admitting.service.admission
     sock = _raw_request(admitting.url, path, body)
     wait_until(
         lambda: admission.jobs == 1 and admission.questions > 0, 15, "the job to be admitted"
@@ -344,7 +338,7 @@ def test_an_abandoned_ndjson_stream_gives_its_slots_back(admitting: LiveServer) 
     url = f"{admitting.url}/solve"
     with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as response:
         assert response.headers["content-type"].startswith("application/x-ndjson")
-        wait_until(lambda: _admission(admitting).jobs == 1, 15, "the job to be admitted")
+        wait_until(lambda: admitting.service.admission.jobs == 1, 15, "the job to be admitted")
     wait_until(_idle(admitting), 15, "the slots to be given back")
 
 
@@ -399,7 +393,7 @@ def test_grouped_v1_questions_give_their_admission_back_as_they_are_answered(
     # One group of exactly these three questions: it starts when the third comes in.
     grouped = {"sc_mode": "grouped", "group_wait_ms": 60_000, "group_max": 3}
     with serve_engine(engine, **grouped) as live, ThreadPoolExecutor(2) as pool:
-        admission = _admission(live)
+        admission = live.service.admission
         options = {"blendserve": {"answer": "number", "budget_per_question": 2}}
         both = {"model": "replay", "prompt": [fast, slow], "stream": stream, **options}
         alone = {"model": "replay", "prompt": other, **options}
@@ -452,6 +446,7 @@ SHUTDOWN_JOB = {
 OVER_GRACE = ("--replay-latency-s", "300", "--shutdown-grace-s", "1")  # jobs outlast the grace
 
 
+@pytest.mark.slow
 def test_sigterm_lets_a_running_job_finish_then_exits_0() -> None:
     grace = 30
     args = ("--replay-latency-s", "2", "--shutdown-grace-s", str(grace))
@@ -473,6 +468,7 @@ def test_sigterm_lets_a_running_job_finish_then_exits_0() -> None:
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_stream_longer_than_the_grace_with_partial_answers() -> None:
     with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
         with httpx.stream("POST", f"{url}/solve", json=SHUTDOWN_JOB, timeout=60) as response:
@@ -492,6 +488,7 @@ def test_sigterm_ends_a_stream_longer_than_the_grace_with_partial_answers() -> N
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_answers_a_json_job_longer_than_the_grace_as_cancelled() -> None:
     job = {**SHUTDOWN_JOB, "stream": False}
     with serve_command(*REPLAY, *OVER_GRACE) as (url, process):
@@ -509,6 +506,7 @@ def test_sigterm_answers_a_json_job_longer_than_the_grace_as_cancelled() -> None
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_answers_pool_questions_past_the_grace_with_partial_answers() -> None:
     # /v1's default: the question joins an always-open pool, which gets the grace as jobs do.
     body = {"prompt": "What is 6 times 7?", "blendserve": {"answer": "number"}}
@@ -531,6 +529,7 @@ def test_sigterm_answers_pool_questions_past_the_grace_with_partial_answers() ->
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_quality_target_stream_past_the_grace_with_partial_answers() -> None:
     job = {k: v for k, v in SHUTDOWN_JOB.items() if k != "budget"} | {"confidence": 0.9}
     with serve_command(*REPLAY, *OVER_GRACE) as (url, process):

@@ -22,6 +22,8 @@ import pytest
 
 from tests.support.command import serve_command
 
+pytestmark = [pytest.mark.lmeval, pytest.mark.slow]
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "gsm8k_test_200.jsonl"
 BUDGET = 4
 TEXT_PROMPTS = "tokenizer_backend=None,tokenized_requests=False"  # no tokenizer here

@@ -17,12 +17,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 from blendserve.engines.replay import ReplayEngine
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.live import serve_engine
+
+pytestmark = pytest.mark.slow
 
 #: Requests of the flood.
 FLOOD = 2000

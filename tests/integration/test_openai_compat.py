@@ -269,7 +269,7 @@ def test_concurrent_requests_are_grouped_and_match_solve() -> None:
                 )
 
         replies = asyncio.run(ask_all())
-        jobs = live.app.state.service.dropin.grouper.jobs_started
+        jobs = live.service.dropin.grouper.jobs_started
         questions = [{"id": r["id"], "prompt": r["prompt"]} for r in records]
         solved = httpx.post(
             f"{live.url}/solve",
@@ -317,7 +317,7 @@ def test_a_quality_target_stops_at_its_confidence_and_a_policy_asks_for_a_group(
         model="replay", messages=_user("Three?"), extra_body=grouped
     )
     vote = reply.model_extra["blendserve"] if reply.model_extra else {}
-    assert vote["samples"] == 5 and server.app.state.service.dropin.grouper.jobs_started == 1
+    assert vote["samples"] == 5 and server.service.dropin.grouper.jobs_started == 1
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(
             model="replay", messages=_user("Three?"), extra_body={"blendserve": {"confidence": 1.5}}

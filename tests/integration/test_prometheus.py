@@ -25,6 +25,8 @@ from tests.support.live import LiveServer
 from tests.support.tools import require
 from tests.support.waiting import wait_until
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "blendserve-overview.json"
 RATE_INTERVAL = "1m"  # what Grafana puts for $__rate_interval; wide enough for the whole test

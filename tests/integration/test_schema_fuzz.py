@@ -29,6 +29,8 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.support.live import LiveServer
 
+pytestmark = pytest.mark.slow
+
 KEY = "fuzz-key"
 MAX_QUESTIONS = 8
 MAX_BUDGET = 64

@@ -18,6 +18,8 @@ from blendserve.engines.replay import ReplayEngine
 from tests.support.command import serve_command
 from tests.support.live import LiveServer, serve_engine
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
 REPLAY = ("--engine", "replay", "--data", str(DATA))  # blendserve serve's arguments
 RECORDS = [{"id": "q", "prompt": "What is 6 times 7?", "answers": ["42"] * 4 + ["41"]}]

@@ -10,6 +10,8 @@ import pytest
 
 from tests.support.command import serve_command
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
 
 

@@ -12,6 +12,7 @@ import uvicorn
 from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
 from blendserve.service.connections import ConnectionTimeouts, timed_protocol
+from blendserve.service.state import ServiceState
 from fastapi import FastAPI
 
 #: One answer-keys state for the apps of :func:`serve_engine`: an app's own
@@ -42,6 +43,12 @@ class LiveServer:
         self.timeout = timeout
         self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
         self.url = ""
+
+    @property
+    def service(self) -> ServiceState:
+        """What the app's routes read (its engine, admission, pools), once it has started."""
+        state: ServiceState = self.app.state.service
+        return state
 
     def __enter__(self) -> LiveServer:
         self._thread.start()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx2 as httpx
 import pytest
@@ -14,14 +13,11 @@ from blendserve.engines.replay import FaultConfig, ReplayEngine
 from blendserve.errors import EngineProtocolError, EngineUnavailable
 from blendserve.stats import NO_STATS
 
+from tests.support.running import run_coroutine
 from tests.support.stats import RecordingStats
 from tests.unit.engines.test_openai_mock import CHAT, OTHER, URL, Upstream, engine
 
 T = TypeVar("T")
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
 def test_an_openai_engine_announces_its_replicas_and_counts_outcomes() -> None:
@@ -37,7 +33,7 @@ def test_an_openai_engine_announces_its_replicas_and_counts_outcomes() -> None:
             with pytest.raises(EngineProtocolError):
                 await e.generate(GenerateRequest(messages=CHAT, n=3))  # a 400
 
-    _run(run())
+    run_coroutine(run())
     assert sink.of("upstream_configured") == [(URL,)]
     assert sink.health(URL) == 1.0
     assert sink.samples(URL) == {"dispatched": 7, "failed": 5, "completed": 2}
@@ -76,7 +72,7 @@ def test_choices_an_upstream_never_made_count_as_cancelled() -> None:
             later = await e.generate(GenerateRequest(messages=CHAT, n=3))  # known: singles
             return [len(samples) for samples in [*first, later]]
 
-    assert _run(run()) == [4, 4, 4, 3]
+    assert run_coroutine(run()) == [4, 4, 4, 3]
     counts = sink.samples(URL)
     assert counts["completed"] == 15 and counts["cancelled"] == 3 * 3 and _balanced(counts)
     assert counts["dispatched"] == len(up.calls) + 9  # each short answer asked for 4
@@ -90,7 +86,7 @@ def test_a_short_answer_balances_with_n_always_sent() -> None:
         async with engine(up, [URL], sink=sink, n_support="yes") as e:
             return len(await e.generate(GenerateRequest(messages=CHAT, n=5)))
 
-    assert _run(run()) == 5
+    assert run_coroutine(run()) == 5
     assert sink.samples(URL) == {"dispatched": 8, "completed": 5, "cancelled": 3}
 
 
@@ -114,7 +110,7 @@ def test_an_unusable_answer_fails_every_sample_asked(
             with pytest.raises(EngineProtocolError):
                 await e.generate(GenerateRequest(messages=CHAT, n=3))
 
-    _run(run())
+    run_coroutine(run())
     assert sink.samples(URL) == {"dispatched": 3, "failed": 3}
 
 
@@ -130,7 +126,7 @@ def test_report_to_moves_an_engine_to_another_sink_with_its_state() -> None:
             e.report_to(second)
             assert e.sink is second
 
-    _run(run())
+    run_coroutine(run())
     assert first.health(URL) == first.health(OTHER) == 0.0
     # The new sink hears of every replica and its state now, then nothing old.
     assert second.of("upstream_configured") == [(URL,), (OTHER,)]
@@ -144,9 +140,9 @@ def test_the_replay_engine_reports_as_one_upstream() -> None:
     replay = ReplayEngine(records, faults=FaultConfig(error_rate=1.0), sink=sink)
     request = GenerateRequest(prompt="A?", n=4, question_id="a")
     with pytest.raises(EngineUnavailable):
-        _run(replay.generate(request))
+        run_coroutine(replay.generate(request))
     replay.faults = FaultConfig()
-    assert len(_run(replay.generate(request))) == 4
+    assert len(run_coroutine(replay.generate(request))) == 4
     assert sink.of("upstream_configured") == [("replay",)] and sink.health("replay") == 1
     assert sink.samples("replay") == {"dispatched": 8, "failed": 4, "completed": 4}
     assert len(sink.of("upstream_latency")) == 1

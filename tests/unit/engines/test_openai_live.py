@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -13,14 +13,11 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineTimeout
 
 from tests.support.fake_openai import FakeServer
+from tests.support.running import run_coroutine
 
 T = TypeVar("T")
 Fakes = Callable[..., list[FakeServer]]
 CHAT = [{"role": "user", "content": "2+2?"}]
-
-
-def _run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -48,7 +45,7 @@ def test_equal_replicas_share_concurrent_load(fakes: Fakes) -> None:
         async with _engine(servers) as e:
             return await asyncio.gather(*(e.generate(chat()) for _ in range(30)))
 
-    results = _run(main())
+    results = run_coroutine(main())
     assert sum(map(len, results)) == 30
     assert [s.state.requests for s in servers] == [10, 10, 10]
     assert [s.state.max_in_flight for s in servers] == [10, 10, 10]
@@ -73,7 +70,7 @@ def test_least_outstanding_keeps_off_a_busy_replica(fakes: Fakes) -> None:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    _run(main())
+    run_coroutine(main())
     # Six workers start two requests per replica; then a picking worker has just freed a
     # slot on a fast replica, which is then below the slow one's two outstanding requests.
     assert slow.state.requests == 2
@@ -100,7 +97,7 @@ def test_same_question_lands_on_one_replica(fakes: Fakes) -> None:
                 {s.upstream for r in spread for s in r},
             )
 
-    sequential, concurrent, spread = _run(main())
+    sequential, concurrent, spread = run_coroutine(main())
     assert len(sequential) == 1 and len(concurrent) == 1
     assert len(spread) >= 2
 
@@ -124,7 +121,7 @@ def test_killed_replica_loses_and_duplicates_no_sample(fakes: Fakes) -> None:
             assert not (await e.health()).upstreams[victim.url]
             return [s for r in results for s in r]
 
-    samples = _run(main())
+    samples = run_coroutine(main())
     assert len(samples) == 180
     assert len({s.text for s in samples}) == 180
     assert sum(s.state.samples_served for s in servers) == 180
@@ -151,7 +148,7 @@ def test_unhealthy_replica_is_probed_back_in(fakes: Fakes) -> None:
             await asyncio.gather(*(e.generate(chat()) for _ in range(10)))
             assert back.state.requests > before
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_cancelling_generate_closes_upstream_requests(fakes: Fakes) -> None:
@@ -168,7 +165,7 @@ def test_cancelling_generate_closes_upstream_requests(fakes: Fakes) -> None:
             await _until(lambda: server.state.in_flight == 0)
             assert server.state.disconnects == 4
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_ignored_n_is_topped_up_live(fakes: Fakes) -> None:
@@ -180,7 +177,7 @@ def test_ignored_n_is_topped_up_live(fakes: Fakes) -> None:
             second = await e.generate(chat(n=3))
             return first, second
 
-    first, second = _run(main())
+    first, second = run_coroutine(main())
     assert len(first) == 5 and len(second) == 3
     assert len({s.text for s in first + second}) == 8
     bodies = server.state.bodies
@@ -203,7 +200,7 @@ def test_failures_and_dropped_connections_are_retried(fakes: Fakes) -> None:
             assert [s.upstream for s in samples] == [steady.url] * 2
             assert await e.models() == ["fake-model"]
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_a_stalled_stream_is_given_up_after_the_stall_timeout(fakes: Fakes) -> None:
@@ -219,7 +216,7 @@ def test_a_stalled_stream_is_given_up_after_the_stall_timeout(fakes: Fakes) -> N
             )
             return [s for r in results for s in r], time.monotonic() - started
 
-    samples, took = _run(main())
+    samples, took = run_coroutine(main())
     assert len(samples) == 16 and {s.upstream for s in samples} == {live.url}
     assert len({s.text for s in samples}) == 16  # each served sample once
     assert stalled.state.requests > 0 and stalled.state.samples_served == 0
@@ -240,7 +237,7 @@ def test_an_upstream_that_only_stalls_is_a_timeout_well_before_the_deadline(
                 await e.generate(chat())
             return time.monotonic() - started
 
-    assert _run(main()) < 5
+    assert run_coroutine(main()) < 5
 
 
 def test_stall_timeout_needs_streaming() -> None:
@@ -260,7 +257,7 @@ def test_streamed_samples_carry_prompt_tokens(
         async with _engine([server], stream=True) as e:
             return [await e.generate(chat(n=4, question_id="q")) for _ in range(2)]
 
-    calls = _run(main())
+    calls = run_coroutine(main())
     assert [[s.prompt_tokens for s in samples] for samples in calls] == [[3] * 4] * 2
     assert all(s.completion_tokens > 0 for samples in calls for s in samples)
     probes = [b for b in server.state.bodies if not b.get("stream")]

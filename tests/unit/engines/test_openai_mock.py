@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx2 as httpx
@@ -21,15 +21,13 @@ from blendserve.errors import (
     InvalidRequest,
 )
 
+from tests.support.running import run_coroutine
+
 T = TypeVar("T")
 URL = "http://up.test/v1"
 OTHER = "http://other.test/v1"
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 CHAT = [{"role": "user", "content": "2+2?"}]
-
-
-def _run(coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 class Upstream:
@@ -104,7 +102,7 @@ def test_chat_body_maps_every_parameter_and_extra_last() -> None:
         seen.append(r)
         return await up(r)
 
-    _run(_generate(spy, request, model="m-default", api_key="sk-x"))
+    run_coroutine(_generate(spy, request, model="m-default", api_key="sk-x"))
     assert seen[0].url == URL + "/chat/completions"
     assert seen[0].headers["authorization"] == "Bearer sk-x"
     assert up.bodies == [
@@ -125,10 +123,10 @@ def test_chat_body_maps_every_parameter_and_extra_last() -> None:
 
 def test_defaults_leave_the_body_minimal() -> None:
     up = Upstream()
-    _run(_generate(up, GenerateRequest(prompt="hi"), model="m"))
+    run_coroutine(_generate(up, GenerateRequest(prompt="hi"), model="m"))
     assert up.bodies == [{"model": "m", "prompt": "hi"}]
     up = Upstream()
-    _run(_generate(up, GenerateRequest(prompt="hi")))
+    run_coroutine(_generate(up, GenerateRequest(prompt="hi")))
     assert up.bodies == [{"prompt": "hi"}]
 
 
@@ -143,7 +141,9 @@ def test_completions_parsing_splits_completion_tokens_exactly() -> None:
         usage = {"prompt_tokens": 11, "completion_tokens": 10}
         return httpx.Response(200, json={"choices": choices, "usage": usage})
 
-    samples = _run(_generate(handler, GenerateRequest(prompt="p", n=3), mode="completions"))
+    samples = run_coroutine(
+        _generate(handler, GenerateRequest(prompt="p", n=3), mode="completions")
+    )
     assert [s.text for s in samples] == ["a", "b", "c"]
     assert [s.finish_reason for s in samples] == ["stop", "length", None]
     assert [s.completion_tokens for s in samples] == [4, 3, 3]
@@ -165,7 +165,7 @@ def test_chat_parsing_uses_per_choice_counts_and_null_content() -> None:
         ]
         return httpx.Response(200, json={"choices": choices, "usage": {"completion_tokens": 11}})
 
-    samples = _run(_generate(handler, chat(n=2)))
+    samples = run_coroutine(_generate(handler, chat(n=2)))
     assert [(s.text, s.completion_tokens, s.prompt_tokens) for s in samples] == [
         ("x", 9, 0),
         ("", 2, 0),
@@ -174,7 +174,7 @@ def test_chat_parsing_uses_per_choice_counts_and_null_content() -> None:
 
 def test_n_honoured_is_one_request() -> None:
     up = Upstream()
-    samples = _run(_generate(up, chat(n=4)))
+    samples = run_coroutine(_generate(up, chat(n=4)))
     assert len(samples) == 4 and len({s.text for s in samples}) == 4
     assert len(up.calls) == 1 and up.bodies[0]["n"] == 4
 
@@ -188,7 +188,7 @@ def test_ignored_n_is_topped_up_with_distinct_seeds_and_remembered() -> None:
             second = await e.generate(chat(n=3, params=SamplingParams(seed=0)))
             return first, second
 
-    first, second = _run(main())
+    first, second = run_coroutine(main())
     assert len(first) == 4 and len(second) == 3
     assert up.bodies[0]["n"] == 4 and up.bodies[0]["seed"] == 10
     assert sorted(b["seed"] for b in up.bodies[1:4]) == [11, 12, 13]
@@ -200,7 +200,7 @@ def test_ignored_n_is_topped_up_with_distinct_seeds_and_remembered() -> None:
 
 def test_ignored_n_without_seed_gets_random_distinct_seeds() -> None:
     up = Upstream(choices=1)
-    samples = _run(_generate(up, chat(n=6)))
+    samples = run_coroutine(_generate(up, chat(n=6)))
     assert len(samples) == 6
     assert "seed" not in up.bodies[0]
     seeds = [b["seed"] for b in up.bodies[1:]]
@@ -209,10 +209,13 @@ def test_ignored_n_without_seed_gets_random_distinct_seeds() -> None:
 
 def test_n_support_no_and_yes() -> None:
     up = Upstream()
-    assert len(_run(_generate(up, chat(n=3), n_support="no"))) == 3
+    assert len(run_coroutine(_generate(up, chat(n=3), n_support="no"))) == 3
     assert len(up.calls) == 3 and all("n" not in b for b in up.bodies)
     up = Upstream(choices=2)
-    assert len(_run(_generate(up, chat(n=5, params=SamplingParams(seed=1)), n_support="yes"))) == 5
+    assert (
+        len(run_coroutine(_generate(up, chat(n=5, params=SamplingParams(seed=1)), n_support="yes")))
+        == 5
+    )
     assert [b.get("n") for b in up.bodies] == [5, None, None, None]
     assert [b["seed"] for b in up.bodies] == [1, 3, 4, 5]
 
@@ -221,7 +224,7 @@ def test_more_choices_than_asked_is_a_protocol_error() -> None:
     up = Upstream()
     up.script = [ok({"n": 3})]
     with pytest.raises(EngineProtocolError, match="3 choices for n=2"):
-        _run(_generate(up, chat(n=2)))
+        run_coroutine(_generate(up, chat(n=2)))
 
 
 def test_500_and_429_are_retried_then_succeed() -> None:
@@ -231,7 +234,7 @@ def test_500_and_429_are_retried_then_succeed() -> None:
         httpx.Response(429, headers={"Retry-After": "0"}),
         httpx.ConnectError("refused"),
     ]
-    samples = _run(_generate(up, chat(n=2)))
+    samples = run_coroutine(_generate(up, chat(n=2)))
     assert len(samples) == 2 and len(up.calls) == 4
 
 
@@ -239,7 +242,7 @@ def test_exhausted_retries_raise_unavailable_with_cause() -> None:
     up = Upstream()
     up.script = [httpx.Response(503, text="overloaded")] * 10
     with pytest.raises(EngineUnavailable) as info:
-        _run(_generate(up, chat(), max_retries=2, failure_threshold=10))
+        run_coroutine(_generate(up, chat(), max_retries=2, failure_threshold=10))
     assert len(up.calls) == 3
     assert isinstance(info.value.__cause__, httpx.HTTPStatusError)
     assert "overloaded" in str(info.value)
@@ -257,7 +260,7 @@ def test_a_replica_taken_out_fails_fast() -> None:
             assert (await e.health()).upstreams == {URL: False}
             assert not (await e.health()).healthy
 
-    _run(main())
+    run_coroutine(main())
     assert len(up.calls) == 2
 
 
@@ -265,7 +268,7 @@ def test_client_errors_are_not_retried() -> None:
     up = Upstream()
     up.script = [httpx.Response(400, json={"error": {"message": "max_tokens is too large"}})]
     with pytest.raises(EngineProtocolError, match="max_tokens is too large") as info:
-        _run(_generate(up, chat()))
+        run_coroutine(_generate(up, chat()))
     assert len(up.calls) == 1
     assert isinstance(info.value.__cause__, httpx.HTTPStatusError)
 
@@ -276,16 +279,16 @@ def test_deadline_raises_engine_timeout() -> None:
         raise AssertionError("unreachable")
 
     with pytest.raises(EngineTimeout):
-        _run(_generate(stuck, chat(timeout=0.05)))
+        run_coroutine(_generate(stuck, chat(timeout=0.05)))
     with pytest.raises(EngineTimeout):
-        _run(_generate(stuck, chat(), timeout=0.05))
+        run_coroutine(_generate(stuck, chat(), timeout=0.05))
 
 
 def test_read_timeouts_retried_then_engine_timeout() -> None:
     up = Upstream()
     up.script = [httpx.ReadTimeout("slow")] * 3
     with pytest.raises(EngineTimeout) as info:
-        _run(_generate(up, chat(), max_retries=2, failure_threshold=10))
+        run_coroutine(_generate(up, chat(), max_retries=2, failure_threshold=10))
     assert isinstance(info.value.__cause__, httpx.ReadTimeout) and len(up.calls) == 3
 
 
@@ -304,7 +307,7 @@ def test_unusable_bodies_are_protocol_errors(response: httpx.Response) -> None:
     up = Upstream()
     up.script = [response]
     with pytest.raises(EngineProtocolError):
-        _run(_generate(up, chat()))
+        run_coroutine(_generate(up, chat()))
     assert len(up.calls) == 1
 
 
@@ -317,7 +320,9 @@ def test_retry_fails_over_to_another_replica_at_once() -> None:
             return httpx.Response(502)
         return ok(json.loads(request.content))
 
-    samples = _run(_generate(handler, chat(question_id="q"), urls=[URL, OTHER], backoff_base=60))
+    samples = run_coroutine(
+        _generate(handler, chat(question_id="q"), urls=[URL, OTHER], backoff_base=60)
+    )
     assert [s.upstream for s in samples] == [OTHER]
     assert calls in (["up.test", "other.test"], ["other.test"])
 
@@ -326,7 +331,7 @@ def test_retry_after_replaces_the_backoff() -> None:
     up = Upstream()
     up.script = [httpx.Response(429, headers={"Retry-After": "0.2"})]
     start = time.monotonic()
-    assert len(_run(_generate(up, chat(), backoff_base=60))) == 1
+    assert len(run_coroutine(_generate(up, chat(), backoff_base=60))) == 1
     assert 0.2 <= time.monotonic() - start < 5 and len(up.calls) == 2
 
 
@@ -335,7 +340,7 @@ def test_a_backoff_past_the_deadline_gives_up_at_once() -> None:
     up.script = [httpx.Response(503)] * 5
     start = time.monotonic()
     with pytest.raises(EngineUnavailable):
-        _run(_generate(up, chat(timeout=3), backoff_base=60))  # backoff >= 5 s
+        run_coroutine(_generate(up, chat(timeout=3), backoff_base=60))  # backoff >= 5 s
     assert time.monotonic() - start < 5 and len(up.calls) == 1
 
 
@@ -355,7 +360,7 @@ def test_extra_may_not_set_engine_owned_fields() -> None:
     for name in ("n", "seed", "stream"):
         request = chat(params=SamplingParams(extra={name: 2}))
         with pytest.raises(InvalidRequest) as info:
-            _run(_generate(Upstream(), request))
+            run_coroutine(_generate(Upstream(), request))
         assert info.value.param == f"params.extra.{name}"
 
 
@@ -368,7 +373,7 @@ def test_urls_are_normalised_and_checked() -> None:
         "https://x/api/v1",
     ]
     assert e.mode == "chat"
-    _run(e.aclose())
+    run_coroutine(e.aclose())
     for bad in (["ftp://h"], ["not a url"], ["http://[::1"], ["http://h", "http://h/v1"], []):
         with pytest.raises(ValueError):
             OpenAIEngine(bad)
@@ -395,7 +400,7 @@ def test_models_is_the_union_and_tolerates_a_dead_replica() -> None:
             with pytest.raises(EngineUnavailable):
                 await e.models()
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_closed_engine_is_unavailable() -> None:
@@ -406,7 +411,7 @@ def test_closed_engine_is_unavailable() -> None:
             await e.generate(chat())
         assert not (await e.health()).healthy
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_cancellation_propagates_and_releases_counters() -> None:
@@ -428,7 +433,7 @@ def test_cancellation_propagates_and_releases_counters() -> None:
                 await task
             assert [r.outstanding for r in e._replicas.replicas] == [0]
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_one_failed_sub_request_cancels_its_siblings() -> None:
@@ -447,7 +452,7 @@ def test_one_failed_sub_request_cancels_its_siblings() -> None:
                 await e.generate(chat(n=4))
             assert [r.outstanding for r in e._replicas.replicas] == [0]
 
-    _run(main())
+    run_coroutine(main())
 
 
 def test_a_cancellation_racing_with_completion_is_not_swallowed() -> None:
@@ -475,7 +480,7 @@ def test_a_cancellation_racing_with_completion_is_not_swallowed() -> None:
     async def main() -> list[bool]:
         return [await attempt(spins) for spins in range(8)]
 
-    assert all(_run(main()))
+    assert all(run_coroutine(main()))
 
 
 def test_stream_mode_assembles_chunks_and_counts_tokens() -> None:
@@ -527,5 +532,5 @@ def test_session_header_carries_the_question_id() -> None:
         async with OpenAIEngine([URL], transport=transport) as plain:
             await plain.generate(GenerateRequest(messages=CHAT, question_id="q-8"))
 
-    _run(scenario())
+    run_coroutine(scenario())
     assert seen == ["q-7", None, None]

@@ -1,7 +1,6 @@
 import asyncio
 import re
 from collections import Counter
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,13 +13,10 @@ from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavaila
 from blendserve.sim import run_virtual
 
 from tests.support.fake_engine import FakeEngine
+from tests.support.running import run_coroutine
 
 T = TypeVar("T")
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
 def _request(question_id: str | None = "q-easy", n: int = 1, **kwargs: Any) -> GenerateRequest:
@@ -30,22 +26,22 @@ def _request(question_id: str | None = "q-easy", n: int = 1, **kwargs: Any) -> G
 
 def test_lookup_by_id_then_by_prompt() -> None:
     engine = ReplayEngine(DATA, answer_kind="number")
-    by_id = _run(engine.generate(_request("q-easy", n=3)))
+    by_id = run_coroutine(engine.generate(_request("q-easy", n=3)))
     assert len(by_id) == 3 and all(s.upstream == "replay" for s in by_id)
-    by_prompt = _run(engine.generate(_request(None, prompt="Which is it?")))
+    by_prompt = run_coroutine(engine.generate(_request(None, prompt="Which is it?")))
     assert extract(by_prompt[0].text, "number") in {"7", "8", None}
     chat = GenerateRequest(messages=[{"role": "user", "content": "What is 6 times 7?"}])
-    assert _run(engine.generate(chat))
+    assert run_coroutine(engine.generate(chat))
 
 
 def test_unknown_question_is_a_protocol_error() -> None:
     with pytest.raises(EngineProtocolError, match="no recorded answers"):
-        _run(ReplayEngine(DATA).generate(_request("nope")))
+        run_coroutine(ReplayEngine(DATA).generate(_request("nope")))
 
 
 def test_draws_follow_the_recorded_frequencies_and_render_for_extraction() -> None:
     engine = ReplayEngine(DATA, seed=3, answer_kind="number")
-    samples = _run(engine.generate(_request("q-split", n=4000)))
+    samples = run_coroutine(engine.generate(_request("q-split", n=4000)))
     counts = Counter(extract(s.text, "number") for s in samples)
     assert counts["7"] / 4000 == pytest.approx(0.6, abs=0.03)
     assert counts["8"] / 4000 == pytest.approx(0.3, abs=0.03)
@@ -58,8 +54,8 @@ def test_draws_follow_the_recorded_frequencies_and_render_for_extraction() -> No
 def test_a_request_seed_makes_its_draws_repeatable() -> None:
     engine = ReplayEngine(DATA)
     params = SamplingParams(seed=11)
-    first = _run(engine.generate(_request("q-split", n=20, params=params)))
-    again = _run(engine.generate(_request("q-split", n=20, params=params)))
+    first = run_coroutine(engine.generate(_request("q-split", n=20, params=params)))
+    again = run_coroutine(engine.generate(_request("q-split", n=20, params=params)))
     assert [s.text for s in first] == [s.text for s in again]
 
 
@@ -86,7 +82,7 @@ def test_capacity_limits_sequences_in_flight() -> None:
     async def burst() -> None:
         await asyncio.gather(*(engine.generate(_request(n=2)) for _ in range(10)))
 
-    _run(burst())
+    run_coroutine(burst())
     assert engine.stats.max_sequences_in_flight == 4
     assert engine.stats.samples == 20 and engine.stats.sequences_in_flight == 0
 
@@ -103,7 +99,7 @@ def test_fault_rates_are_roughly_as_configured() -> None:
             except EngineUnavailable as exc:
                 outcomes["dropped" if "dropped" in str(exc) else "error"] += 1
 
-    _run(many())
+    run_coroutine(many())
     assert outcomes["error"] / 2000 == pytest.approx(0.2, abs=0.03)
     assert outcomes["dropped"] / 2000 == pytest.approx(0.1, abs=0.03)
     assert engine.stats.samples == outcomes["ok"] and engine.stats.in_flight == 0
@@ -112,7 +108,7 @@ def test_fault_rates_are_roughly_as_configured() -> None:
 def test_injected_timeout_honours_the_deadline() -> None:
     engine = ReplayEngine(DATA, faults=FaultConfig(timeout_rate=1.0))
     with pytest.raises(EngineTimeout):
-        _run(engine.generate(_request(timeout=0.01)))
+        run_coroutine(engine.generate(_request(timeout=0.01)))
 
 
 def test_cancellation_releases_capacity() -> None:
@@ -130,7 +126,7 @@ def test_cancellation_releases_capacity() -> None:
         engine.latency = LatencyModel(max_concurrent_sequences=2)
         assert len(await engine.generate(_request(n=2))) == 2
 
-    _run(scenario())
+    run_coroutine(scenario())
     assert engine.stats.in_flight == 0 and engine.stats.sequences_in_flight == 0
 
 
@@ -194,7 +190,7 @@ def test_renderings_write_their_own_format_and_share_one_batch() -> None:
 def test_only_engines_that_render_answers_are_told_the_format() -> None:
     engine = ReplayEngine(DATA)
     view = for_answers(engine, "choice")
-    (sample,) = _run(view.generate(_request("q-easy")))
+    (sample,) = run_coroutine(view.generate(_request("q-easy")))
     assert re.search(r"Answer: \((41|42)\)$", sample.text) and view.sink is engine.sink
     other = FakeEngine({"q": [("1", 1.0)]})
     assert for_answers(other, "choice") is other

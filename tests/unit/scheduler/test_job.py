@@ -1,6 +1,5 @@
 import asyncio
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -20,6 +19,7 @@ from blendserve.scheduler import (
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
 
 from tests.support.fake_engine import FakeEngine, last_word
+from tests.support.running import run_coroutine
 from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
@@ -30,10 +30,6 @@ DISTRIBUTIONS = {
     "hard": [("x", 0.4), ("y", 0.35), ("z", 0.25)],
     "sure": [("yes", 1.0)],
 }
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
 def _spec(budget: int, **kwargs: Any) -> JobSpec:
@@ -47,7 +43,7 @@ async def _events(job: Job) -> list[Any]:
 
 def test_every_question_answered_once_and_the_budget_spent_exactly() -> None:
     engine = FakeEngine(DISTRIBUTIONS, seed=1)
-    events = _run(_events(Job(_spec(60, concurrency=4), engine, last_word)))
+    events = run_coroutine(_events(Job(_spec(60, concurrency=4), engine, last_word)))
     answers = [e for e in events if isinstance(e, AnswerEvent)]
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.status is JobStatus.COMPLETED
@@ -65,7 +61,7 @@ def test_every_question_answered_once_and_the_budget_spent_exactly() -> None:
 def test_concurrency_one_makes_the_simulators_choices() -> None:
     engine = FakeEngine(DISTRIBUTIONS, seed=2)
     spec = _spec(40, concurrency=1, seed=7)
-    _run(_events(Job(spec, engine, last_word)))
+    run_coroutine(_events(Job(spec, engine, last_word)))
     ids = list(DISTRIBUTIONS)
     # The same policy, fed the same answers in the same order, chooses the same
     # (built as the job builds it, so that ties are broken alike).
@@ -79,7 +75,7 @@ def test_concurrency_one_makes_the_simulators_choices() -> None:
 def test_settling_ends_the_job_early_and_reports_the_unspent_budget() -> None:
     engine = FakeEngine({"a": [("1", 1.0)], "b": [("2", 1.0)]})
     spec = JobSpec([Question("a", "qa"), Question("b", "qb")], budget=200, settle_delta=0.05)
-    events = _run(_events(Job(spec, engine, last_word)))
+    events = run_coroutine(_events(Job(spec, engine, last_word)))
     done = events[-1]
     assert done.status is JobStatus.COMPLETED
     assert done.unspent > 150
@@ -89,14 +85,14 @@ def test_settling_ends_the_job_early_and_reports_the_unspent_budget() -> None:
 
 def test_failed_samples_are_refunded_and_retried() -> None:
     engine = FakeEngine(DISTRIBUTIONS, fail_next=3)
-    done = _run(_events(Job(_spec(30, concurrency=2), engine, last_word)))[-1]
+    done = run_coroutine(_events(Job(_spec(30, concurrency=2), engine, last_word)))[-1]
     assert done.status is JobStatus.COMPLETED
     assert done.spent == len(engine.served) == 30
 
 
 def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> None:
     engine = FakeEngine(DISTRIBUTIONS, fail_next=10**6)
-    events = _run(_events(Job(_spec(30, max_consecutive_failures=5), engine, last_word)))
+    events = run_coroutine(_events(Job(_spec(30, max_consecutive_failures=5), engine, last_word)))
     done = events[-1]
     assert done.status is JobStatus.FAILED and "times in a row" in (done.error or "")
     answers = [e for e in events if isinstance(e, AnswerEvent)]
@@ -107,7 +103,7 @@ def test_an_engine_that_keeps_failing_ends_the_job_with_partial_answers() -> Non
 def test_a_question_the_ranking_keeps_first_takes_several_samples_per_request() -> None:
     engine = FakeEngine(DISTRIBUTIONS)
     spec = _spec(64, concurrency=16, in_flight_per_question=4, max_samples_per_request=8)
-    _run(_events(Job(spec, engine, last_word)))
+    run_coroutine(_events(Job(spec, engine, last_word)))
     assert max(r.n for r in engine.requests) > 1
     assert max(r.n for r in engine.requests) <= 8
     assert sum(r.n for r in engine.requests) == len(engine.served) == 64
@@ -125,7 +121,7 @@ class _OneSampleWhateverN(FakeEngine):
 def test_an_engine_that_returns_too_few_is_refunded_and_every_count_agrees() -> None:
     engine = _OneSampleWhateverN(DISTRIBUTIONS)
     spec = _spec(64, concurrency=16, in_flight_per_question=4, progress_interval=0)
-    events = _run(_events(Job(spec, engine, last_word)))
+    events = run_coroutine(_events(Job(spec, engine, last_word)))
     assert max(r.n for r in engine.requests) > 1  # so some answers were short
     answers = [e for e in events if isinstance(e, AnswerEvent)]
     progress = [e for e in events if isinstance(e, ProgressEvent)]
@@ -146,7 +142,7 @@ def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:
         raise EngineProtocolError("upstream sent nonsense")
 
     engine.generate = refuse  # type: ignore[method-assign]
-    done = _run(_events(Job(_spec(8), engine, last_word)))[-1]
+    done = run_coroutine(_events(Job(_spec(8), engine, last_word)))[-1]
     assert done.status is JobStatus.FAILED
     assert isinstance(done.cause, EngineProtocolError)
     assert "nonsense" in (done.error or "")
@@ -155,7 +151,7 @@ def test_a_protocol_error_keeps_its_type_in_the_summary() -> None:
 def test_abstaining_samples_are_spent_but_do_not_vote() -> None:
     engine = FakeEngine({"q": [("none", 0.5), ("7", 0.5)]}, seed=3)
     spec = JobSpec([Question("q", "p")], budget=20, policy=PolicySpec("blend"))
-    events = _run(_events(Job(spec, engine, last_word)))
+    events = run_coroutine(_events(Job(spec, engine, last_word)))
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
     assert answer.samples == 20
     assert sum(answer.votes.values()) == Counter(a for _, a in engine.served)["7"] < 20
@@ -174,7 +170,7 @@ def test_closing_the_event_stream_cancels_every_request_in_flight() -> None:
             await consumer
         await stream.aclose()
 
-    _run(scenario())
+    run_coroutine(scenario())
     assert engine.in_flight == 0
     assert engine.cancelled == len(engine.requests) > 0
 
@@ -187,7 +183,9 @@ def test_job_needs_questions() -> None:
 def test_truncated_samples_do_not_vote() -> None:
     # Seed 7 draws cut, cut, 7: a vote before the third cut sample, so it goes on.
     engine = FakeEngine({"q": [("cut", 0.5), ("7", 0.5)]}, seed=7)
-    events = _run(_events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word)))
+    events = run_coroutine(
+        _events(Job(JobSpec([Question("q", "p")], budget=20), engine, last_word))
+    )
     (answer,) = [e for e in events if isinstance(e, AnswerEvent)]
     assert "cut" not in answer.votes and answer.samples == 20 and answer.stopped is None
     assert answer.votes == {"7": Counter(a for _, a in engine.served)["7"]}
@@ -196,7 +194,7 @@ def test_truncated_samples_do_not_vote() -> None:
 def test_answers_carry_the_finish_reason_of_the_completion_they_show() -> None:
     engine = FakeEngine({"all cut": [("cut", 1.0)], "some cut": [("cut", 0.5), ("7", 0.5)]})
     questions = [Question("all cut", "p"), Question("some cut", "p")]
-    events = _run(_events(Job(JobSpec(questions, budget=20, seed=4), engine, last_word)))
+    events = run_coroutine(_events(Job(JobSpec(questions, budget=20, seed=4), engine, last_word)))
     cut, fine = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
     assert cut.answer is None and cut.abstained == "so it is cut"
     assert cut.abstained_finish_reason == "length" and cut.finish_reasons == {}
@@ -215,7 +213,7 @@ def test_cancel_ends_the_job_with_partial_answers_and_refunds_what_was_in_flight
                 job.cancel("twice is a no-op")
         return events, engine
 
-    events, engine = _run(scenario())
+    events, engine = run_coroutine(scenario())
     answers = [e for e in events if isinstance(e, AnswerEvent)]
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.status is JobStatus.CANCELLED
@@ -252,14 +250,14 @@ def test_answers_given_at_once_are_built_one_at_a_time_as_they_are_read() -> Non
         await reading
         return seen
 
-    assert _run(run()) == list(range(1, count + 1))
+    assert run_coroutine(run()) == list(range(1, count + 1))
 
 
 def test_a_question_whose_samples_keep_being_cut_stops_and_leaves_its_budget_unspent() -> None:
     engine = FakeEngine({"cut": [("cut", 1.0)], "fine": [("7", 1.0)]})
     questions = [Question("cut", "p"), Question("fine", "p")]
     spec = JobSpec(questions, budget=200, settle_delta=0.05)
-    events = _run(_events(Job(spec, engine, last_word)))
+    events = run_coroutine(_events(Job(spec, engine, last_word)))
     cut, fine = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
     served = Counter(q for q, _ in engine.served)
     assert TRUNCATED_LIMIT <= cut.samples == served["cut"] <= 4
@@ -303,7 +301,7 @@ def test_a_cut_question_cancels_its_requests_in_flight_and_answers_at_once() -> 
                 served_when_cut_answered = len(engine.served)
         return events, served_when_cut_answered
 
-    events, served_when_cut_answered = _run(scenario())
+    events, served_when_cut_answered = run_coroutine(scenario())
     cut, split = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
     served = Counter(q for q, _ in engine.served)
     # Its stalled first request was cancelled (the job would hang otherwise) and refunded.

@@ -5,7 +5,6 @@ import itertools
 import math
 import random
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -20,6 +19,7 @@ from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.spec import Keyer
 
 from tests.support.fake_engine import FakeEngine, SeedRecordingEngine
+from tests.support.running import run_coroutine
 from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
@@ -40,10 +40,6 @@ def _records(size: int, seed: int = 0) -> list[dict[str, Any]]:
     return records
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=60))
-
-
 def _question(i: int) -> Question:
     return Question(f"q{i}", prompt=f"question {i}")
 
@@ -59,7 +55,7 @@ def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
             answers += await asyncio.gather(*batch)
         return answers
 
-    answers = _run(stream())
+    answers = run_coroutine(stream())
     samples = [a.samples for a in answers]
     assert sum(samples) == engine.stats.samples == pool.pacing().threshold.num_samples
     assert abs(sum(samples) / len(samples) / 5 - 1) < 0.15
@@ -84,7 +80,7 @@ def test_a_quality_target_stops_each_question_at_its_confidence() -> None:
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(30))))
 
-    for answer in _run(ask()):
+    for answer in run_coroutine(ask()):
         assert answer.settled_early == (answer.confidence.asc <= 0.01)
         assert answer.settled_early or answer.samples == 64
 
@@ -96,7 +92,7 @@ def test_first_waves_go_before_top_ups_within_the_concurrency() -> None:
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(20))))
 
-    answers = _run(ask())
+    answers = run_coroutine(ask())
     assert len(answers) == 20 and engine.stats.max_sequences_in_flight <= 3
     assert pool._free == 3 and not pool._waiting
 
@@ -114,7 +110,7 @@ def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
             await task
         assert engine.stats.in_flight == 0 and pool.num_open == 0
 
-    _run(leave())
+    run_coroutine(leave())
     assert pool.pacing().threshold.num_questions == 0 and pool._free == pool.spec.concurrency
 
 
@@ -137,7 +133,7 @@ def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() ->
         assert engine.in_flight == 0 and engine.cancelled == stalled and pool.num_open == 0
         return event
 
-    event = _run(cut())
+    event = run_coroutine(cut())
     assert event.partial and not event.settled_early
     assert 0 < event.samples == sum(event.votes.values()) == len(engine.served)
     assert event.answer in ("1", "2")
@@ -152,7 +148,7 @@ def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
         return await pool.submit(_question(0))
 
     with pytest.raises(EngineUnavailable):
-        _run(ask())
+        run_coroutine(ask())
     assert math.isfinite(pool.pacing().tau)
 
 
@@ -167,7 +163,7 @@ def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
         await pool.aclose()
         return answers
 
-    answers = _run(ask())
+    answers = run_coroutine(ask())
     for answer in answers:
         seeds = engine.seeds[answer.id]
         assert len(seeds) == answer.samples > 1
@@ -184,7 +180,7 @@ def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() ->
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(pool.submit(_question(0)), pool.submit(_question(1))))
 
-    cut, fine = _run(ask())
+    cut, fine = run_coroutine(ask())
     served = Counter(q for q, _ in engine.served)
     assert cut.samples == served["q0"] == first_wave
     assert cut.stopped == "truncated" and cut.answer is None
@@ -216,7 +212,7 @@ def test_a_clients_flood_of_unanimous_questions_does_not_move_another_clients_pa
             answers += await asyncio.gather(*batch)
         return answers
 
-    _run(flood())
+    run_coroutine(flood())
     flooding, other = pool.pacing("flood"), pool.pacing("other")
     # The flooding client's threshold fell so that its own spend meets the budget ...
     assert flooding.tau < fresh / 4 and flooding.flatness.disagreement < 0.1
@@ -229,7 +225,7 @@ def test_a_clients_flood_of_unanimous_questions_does_not_move_another_clients_pa
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(_question(i), "other") for i in range(40))))
 
-    answers = _run(ask())
+    answers = run_coroutine(ask())
     assert other.threshold.num_questions == 40 == len(answers)
     assert pool.num_questions == 240 and pool.mean_samples == pool.num_samples / 240
     # The pool's unnamed client is a client of its own.
@@ -267,7 +263,7 @@ def test_each_client_keys_with_a_keyer_of_its_own_and_idle_clients_are_forgotten
         assert pool.pacing("c").num_open == 0
         assert pool.pacing("a") is not first  # forgotten: keyer 4, its pacing from the start
 
-    _run(scenario())
+    run_coroutine(scenario())
     assert next(made) == 5
     assert set(keyed) == {0, 1, 2}  # a's answers with a's keyer, b's with b's, c's with c's
     assert pool.num_open == 0

@@ -4,7 +4,6 @@ import asyncio
 import itertools
 import subprocess
 import sys
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from blendserve.answers import extract
@@ -14,6 +13,7 @@ from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.stats import NO_STATS
 
 from tests.support.fake_engine import FakeEngine, last_word
+from tests.support.running import run_coroutine
 from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
@@ -31,10 +31,6 @@ async def _keyer(text: str) -> tuple[str | None, str | None]:
     return answer, answer
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=60))
-
-
 async def _events(job: Job) -> list[Any]:
     return [event async for event in job.events()]
 
@@ -43,7 +39,7 @@ def test_a_job_reports_its_life_answers_and_tokens_to_its_engines_sink() -> None
     sink = RecordingStats()
     engine = ReplayEngine(RECORDS, seed=1, sink=sink)
     job = Job(JobSpec(questions=QUESTIONS, budget=24, settle_delta=0.1), engine, _keyer)
-    events = _run(_events(job))
+    events = run_coroutine(_events(job))
     answers = [e for e in events if isinstance(e, AnswerEvent)]
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.status is JobStatus.COMPLETED
@@ -71,7 +67,7 @@ def test_a_job_given_a_sink_reports_there_and_its_engine_where_it_does() -> None
     engine_sink, job_sink = RecordingStats(), RecordingStats()
     engine = ReplayEngine(RECORDS, seed=1, sink=engine_sink)
     job = Job(JobSpec(questions=QUESTIONS, budget=6), engine, _keyer, sink=job_sink)
-    _run(_events(job))
+    run_coroutine(_events(job))
     assert [name for name, _ in job_sink.calls if name.startswith("upstream")] == []
     assert job_sink.of("job_started") == [(6,)] and not engine_sink.of("job_started")
     assert engine_sink.samples("replay")["completed"] == 6
@@ -86,7 +82,7 @@ def test_a_failed_job_ends_with_its_unanswered_questions_unqueued() -> None:
         max_consecutive_failures=2,
         failure_timeout=0,
     )
-    events = _run(_events(Job(spec, engine, last_word, sink=sink)))
+    events = run_coroutine(_events(Job(spec, engine, last_word, sink=sink)))
     assert events[-1].status is JobStatus.FAILED
     assert sink.of("job_ended")[0][0] == "failed"
     assert sink.level("queued") == 0 and sink.level("in_flight") == 0
@@ -100,7 +96,7 @@ def test_a_pool_reports_each_question_its_rounds_and_its_pacing() -> None:
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(q) for q in QUESTIONS)))
 
-    answers = _run(ask())
+    answers = run_coroutine(ask())
     paced = sink.of("pool_answered")
     assert [p[0] for p in paced] == ["p"] * 3
     assert sum(p[1] for p in paced) == pool.num_rounds >= 3
@@ -119,7 +115,7 @@ def test_without_a_sink_nothing_is_reported_and_no_prometheus_is_loaded() -> Non
     engine = FakeEngine({"a": [("1", 1.0)]})
     assert engine.sink is NO_STATS
     job = Job(JobSpec(questions=[Question("a", prompt="x")], budget=2), engine, last_word)
-    assert job.sink is NO_STATS and _run(_events(job))[-1].status is JobStatus.COMPLETED
+    assert job.sink is NO_STATS and run_coroutine(_events(job))[-1].status is JobStatus.COMPLETED
     # A fresh interpreter, so that other tests' imports do not count.
     code = (
         "import sys, blendserve.scheduler, blendserve.engines.replay, blendserve.engines.openai; "

@@ -1,5 +1,4 @@
 import asyncio
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from blendserve.engines.base import SamplingParams
@@ -8,6 +7,7 @@ from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions
 from blendserve.service.openai.grouping import Grouper
 
 from tests.support.fake_engine import FakeEngine
+from tests.support.running import run_coroutine
 
 T = TypeVar("T")
 SETTINGS = JobOptions("blend", "number", None, 0.0, SamplingParams(), None)
@@ -19,10 +19,6 @@ DISTRIBUTIONS = {
     "0:c": [("4", 1.0)],
     "1:c": [("4", 1.0)],
 }
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
 def _grouper(engine: FakeEngine, wait: float = 10.0, max_questions: int = 3) -> Grouper:
@@ -41,7 +37,7 @@ def test_requests_share_one_job_whose_budget_is_the_sum() -> None:
         await grouper.aclose()
         return answers, grouper.jobs_started
 
-    answers, jobs = _run(scenario())
+    answers, jobs = run_coroutine(scenario())
     assert jobs == 1  # the third question filled the group: it started without waiting
     assert [a.answer for a in answers] == ["1", answers[1].answer, "4"]
     assert sum(a.samples for a in answers) == 4 + 8 + 8
@@ -56,7 +52,7 @@ def test_different_settings_never_share_a_job() -> None:
             assert [a.answer for a in await ticket.answers()] == ["4"]
         return grouper.jobs_started
 
-    assert _run(scenario()) == 2
+    assert run_coroutine(scenario()) == 2
 
 
 def test_a_request_answered_before_its_group_ends() -> None:
@@ -71,7 +67,7 @@ def test_a_request_answered_before_its_group_ends() -> None:
         await slow.answers()
         return answer.samples, in_flight
 
-    samples, in_flight = _run(scenario())
+    samples, in_flight = run_coroutine(scenario())
     assert samples < 20 and in_flight > 0
 
 
@@ -96,7 +92,7 @@ def test_abandoning_stops_the_question_and_the_job_when_nobody_waits() -> None:
         await grouper.aclose()
         return in_flight, engine.cancelled
 
-    in_flight_after_one, cancelled = _run(scenario())
+    in_flight_after_one, cancelled = run_coroutine(scenario())
     assert in_flight_after_one == 1 and cancelled == 2
 
 
@@ -110,7 +106,7 @@ def test_a_request_that_leaves_before_the_job_starts_is_left_out() -> None:
         answers = await kept.answers()
         return answers, engine
 
-    answers, engine = _run(scenario())
+    answers, engine = run_coroutine(scenario())
     assert [a.answer for a in answers] == ["4"]
     assert {r.question_id for r in engine.requests} == {"1:c"}
 
@@ -128,7 +124,7 @@ def test_cancelling_the_running_jobs_answers_each_request_with_what_it_has() -> 
         answers = [a for t in tickets for a in await t.answers()]
         return answers, engine.in_flight
 
-    answers, in_flight = _run(scenario())
+    answers, in_flight = run_coroutine(scenario())
     assert [a.answer for a in answers] == ["1", answers[1].answer]
     assert all(a.partial and 0 < a.samples < 1000 for a in answers)
     assert in_flight == 0

@@ -1,19 +1,15 @@
 """The model names a ``/v1`` request may give: listed ones, kept a while; aliases when allowed."""
 
-import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.errors import EngineUnavailable, ModelNotFound
 from blendserve.service.openai.served import LIST_TTL_S, MISS_TTL_S, ServedModels
 
+from tests.support.running import run_coroutine
+
 T = TypeVar("T")
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
 class _Listing(Engine):
@@ -49,35 +45,40 @@ class _Clock:
 def test_a_listed_name_or_none_goes_on_and_the_list_is_kept() -> None:
     engine, clock = _Listing(["a", "b"]), _Clock()
     served = ServedModels(engine, clock=clock)
-    assert [_run(served.resolve(name)) for name in ("a", "b", None, "a")] == ["a", "b", None, "a"]
+    assert [run_coroutine(served.resolve(name)) for name in ("a", "b", None, "a")] == [
+        "a",
+        "b",
+        None,
+        "a",
+    ]
     assert engine.asked == 1
     clock.now += LIST_TTL_S
-    assert _run(served.resolve("b")) == "b" and engine.asked == 2
+    assert run_coroutine(served.resolve("b")) == "b" and engine.asked == 2
 
 
 def test_an_unknown_name_is_refused_after_asking_again_at_most_once_a_second() -> None:
     engine, clock = _Listing(["a"]), _Clock()
     served = ServedModels(engine, clock=clock)
-    assert _run(served.resolve("a")) == "a"
+    assert run_coroutine(served.resolve("a")) == "a"
     with pytest.raises(ModelNotFound) as refused:
-        _run(served.resolve("new"))
+        run_coroutine(served.resolve("new"))
     assert refused.value.param == "model" and "'new'" in str(refused.value)
     assert engine.asked == 1  # the list is not a second old yet
     clock.now += MISS_TTL_S
     engine.names = ["a", "new"]  # loaded since (an adapter)
-    assert _run(served.resolve("new")) == "new" and engine.asked == 2
+    assert run_coroutine(served.resolve("new")) == "new" and engine.asked == 2
 
 
 @pytest.mark.parametrize("names", [[], None], ids=["lists-none", "list-fails"])
 def test_an_engine_without_a_list_takes_any_name(names: list[str] | None) -> None:
-    assert _run(ServedModels(_Listing(names)).resolve("anything")) == "anything"
+    assert run_coroutine(ServedModels(_Listing(names)).resolve("anything")) == "anything"
 
 
 def test_an_alias_stands_for_the_default_or_the_first_model() -> None:
     engine = _Listing(["a", "b"])
-    assert _run(ServedModels(engine, allow_aliases=True).resolve("x")) == "a"
-    assert _run(ServedModels(engine, allow_aliases=True, default="b").resolve("x")) == "b"
-    assert _run(ServedModels(engine, allow_aliases=True).resolve("b")) == "b"
+    assert run_coroutine(ServedModels(engine, allow_aliases=True).resolve("x")) == "a"
+    assert run_coroutine(ServedModels(engine, allow_aliases=True, default="b").resolve("x")) == "b"
+    assert run_coroutine(ServedModels(engine, allow_aliases=True).resolve("b")) == "b"
 
 
 def test_a_long_list_is_cut_in_the_message() -> None:

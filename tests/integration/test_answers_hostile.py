@@ -13,6 +13,8 @@ from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.answers import acanonical_key, canonical_key, extract
 from blendserve.core.answers import sympy_key
 
+pytestmark = pytest.mark.slow
+
 #: Passes every pre-filter, then takes sympy close to a minute (expanding 1,891 terms).
 SLOW_BUT_SAFE = "(x+y+z+1)^{60}"
 
