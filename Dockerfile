@@ -15,7 +15,7 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY server ./server
 COPY client ./client
 RUN python -m venv /opt/blendserve \
-    && /opt/blendserve/bin/pip install --no-cache-dir -c constraints.txt ".${EXTRAS:+[$EXTRAS]}"
+    && /opt/blendserve/bin/pip install --no-cache-dir -c constraints.txt ./client ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:${PYTHON}-slim
 RUN useradd --create-home --uid 10001 blendserve

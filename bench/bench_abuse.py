@@ -1,8 +1,10 @@
-"""Hostile clients against ``blendserve serve``: slowloris and streams nobody reads.
+"""Hostile clients against ``blendserve serve``: slowloris, streams nobody reads, and more.
 
-Starts the real command (``blendserve serve --engine replay``) on loopback with
-a soft limit of 1,024 open descriptors (as a default ``ulimit -n`` gives it),
-then runs three bounded phases, each ``--duration`` seconds:
+The phases ``dropped``, ``labels``, ``sympy`` and ``tokenizer`` start servers of
+their own (see ``bench/abuse_phases.py``). For the first three it starts the
+real command (``blendserve serve --engine replay``) on loopback with a soft
+limit of 1,024 open descriptors (as a default ``ulimit -n`` gives it), then
+runs them bounded, each ``--duration`` seconds:
 
 1. ``--slowloris`` connections (1,000): half send nothing, half send half a
    request's headers and then one more byte a second;
@@ -19,8 +21,8 @@ keeps its connection open for keep-alive, its unread reply in the socket
 buffers), and the server's descriptors and RSS. Exits 1 if ``/health`` ever took 1 s or
 more or failed, or if no fresh ``/solve`` was admitted in a phase.
 
-Usage: python bench/bench_abuse.py DATA.jsonl [--duration 40] [--slowloris 1000] [--readers 10]
-[--phases both]
+Usage: python bench/bench_abuse.py [DATA.jsonl] [--duration 40] [--slowloris 1000]
+[--readers 10] [--phases slowloris readers both dropped labels sympy tokenizer]
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from abuse_phases import PHASES
 
-_PHASES = ("slowloris", "readers", "both")
+#: Phases against one ``blendserve serve --engine replay`` process on DATA.
+_SERVED = ("slowloris", "readers", "both")
+_PHASES = (*_SERVED, *PHASES)
 _SERVER_FDS = 1024  # the server's soft limit at start, as with a default ulimit -n
 
 
@@ -232,7 +237,12 @@ def _phase(
 def main() -> int:
     """Runs the three phases; the exit code is 1 when a check fails."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", type=Path, help="recorded answers (JSONL with id and answers)")
+    parser.add_argument(
+        "data",
+        type=Path,
+        nargs="?",
+        help="recorded answers (JSONL with id and answers): the first three phases need it",
+    )
     parser.add_argument("--duration", type=float, default=40.0, help="seconds per phase")
     parser.add_argument("--slowloris", type=int, default=1000)
     parser.add_argument("--readers", type=int, default=10)
@@ -242,9 +252,21 @@ def main() -> int:
         nargs="+",
         choices=_PHASES,
         default=list(_PHASES),
-        help="which phases to run, in this order (default: all three)",
+        help="which phases to run, in this order (default: all)",
     )
     args = parser.parse_args()
+    served = [name for name in args.phases if name in _SERVED]
+    if served and args.data is None:
+        parser.error(f"the {', '.join(served)} phases need DATA")
+    # every phase runs, even after one failed
+    ok = all([PHASES[name]() for name in args.phases if name in PHASES])
+    if served:
+        ok = _served_phases(args, served) and ok
+    return 0 if ok else 1
+
+
+def _served_phases(args: argparse.Namespace, phases: list[str]) -> bool:
+    """Runs ``phases`` against one ``blendserve serve --engine replay`` on ``args.data``."""
     ids = [
         str(json.loads(line)["id"])
         for line in args.data.read_text(encoding="utf-8").splitlines()
@@ -256,15 +278,14 @@ def main() -> int:
         process, url, port = _start(args.data, Path(tmp) / "server.log")
         try:
             print(f"server: {_server(process.pid)} idle", flush=True)
-            # every phase runs, even after one failed
-            ok = all([_phase(name, args, url, port, process.pid, ids) for name in args.phases])
+            ok = all([_phase(name, args, url, port, process.pid, ids) for name in phases])
             log = (Path(tmp) / "server.log").read_text(errors="replace")
             print(f"server log: {len(log)} bytes; its last lines:", flush=True)
             print("\n".join(log.splitlines()[-5:]), flush=True)
         finally:
             process.kill()
             process.wait(30)
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from blendserve_client.client import AsyncClient, Client, StreamEvent
 from blendserve_client.errors import APIError
 from blendserve_client.models import Answer, Budget, Confidence, Progress, SolveResult, Usage
-from blendserve_client.options import AnswerFormat, AnswerKind, Sampling, SolveOptions
+from blendserve_client.options import AnswerFormat, AnswerKind, Sampling, SolveFields, SolveOptions
 
 __all__ = [
     "APIError",
@@ -16,6 +16,7 @@ __all__ = [
     "Confidence",
     "Progress",
     "Sampling",
+    "SolveFields",
     "SolveOptions",
     "SolveResult",
     "StreamEvent",

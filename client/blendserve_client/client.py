@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Unpack
 
 import httpx
 
 from blendserve_client._request import SSEParser, headers, raise_for_error
 from blendserve_client.models import Answer, Progress, SolveResult, StreamCollector, parse_event
-from blendserve_client.options import QuestionLike, SolveOptions, solve_options
+from blendserve_client.options import QuestionLike, SolveFields, SolveOptions, solve_options
 
 __all__ = ["AsyncClient", "Client", "StreamEvent"]
 
@@ -49,7 +49,7 @@ class Client:
         self,
         questions: Sequence[QuestionLike],
         options: SolveOptions | None = None,
-        **fields: Any,
+        **fields: Unpack[SolveFields],
     ) -> SolveResult:
         """Runs a job and returns every answer.
 
@@ -71,7 +71,7 @@ class Client:
         self,
         questions: Sequence[QuestionLike],
         options: SolveOptions | None = None,
-        **fields: Any,
+        **fields: Unpack[SolveFields],
     ) -> Iterator[StreamEvent]:
         """Runs a job and yields each answer as it settles, progress, then the summary.
 
@@ -129,7 +129,7 @@ class AsyncClient:
         self,
         questions: Sequence[QuestionLike],
         options: SolveOptions | None = None,
-        **fields: Any,
+        **fields: Unpack[SolveFields],
     ) -> SolveResult:
         """Runs a job and returns every answer (see :meth:`Client.solve`)."""
         body = solve_options(options, fields).body(questions, stream=False)
@@ -141,7 +141,7 @@ class AsyncClient:
         self,
         questions: Sequence[QuestionLike],
         options: SolveOptions | None = None,
-        **fields: Any,
+        **fields: Unpack[SolveFields],
     ) -> AsyncIterator[StreamEvent]:
         """Yields answers as they settle, progress, then the summary (see :meth:`Client.stream`)."""
         body = solve_options(options, fields).body(questions, stream=True)

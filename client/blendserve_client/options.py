@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["AnswerFormat", "AnswerKind", "QuestionLike", "Sampling", "SolveOptions"]
+__all__ = [
+    "AnswerFormat",
+    "AnswerKind",
+    "QuestionLike",
+    "Sampling",
+    "SolveFields",
+    "SolveOptions",
+    "solve_options",
+]
 
-#: How a sample's answer is read (see the service's docs/policies.md).
+#: How a sample's answer is read (the service's docs/policies.md, "Answers").
 AnswerKind = Literal["auto", "number", "math", "choice", "regex", "exact"]
 #: A plain string is a prompt; a mapping is ``{"id", "prompt" | "messages"}``.
 QuestionLike = str | Mapping[str, Any]
@@ -30,7 +38,7 @@ class Sampling(_Options):
     """Sampling parameters of every sample, as in the OpenAI and vLLM APIs.
 
     ``extra`` goes upstream as is (``repetition_penalty``, ...). Fields left
-    None are the service's defaults.
+    None are the service's defaults (``temperature`` 0.7).
     """
 
     temperature: float | None = None
@@ -39,7 +47,7 @@ class Sampling(_Options):
     min_p: float | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, description="a question's i-th sample gets seed + i")
     extra: dict[str, Any] | None = None
 
 
@@ -49,16 +57,19 @@ class SolveOptions(_Options):
     Give one of ``budget`` (total samples), ``budget_per_question``, or
     ``confidence`` (a quality target: each question stops once
     ``P[its answer is not the most likely one] <= 1 - confidence``, or at
-    ``max_samples_per_question``). ``policy`` is a policy string such as
-    ``hedge`` (the default), ``blend`` or ``asc:cap=16``. ``answer`` takes a
-    kind (``"number"``), ``{"kind", "pattern"}`` or an :class:`AnswerFormat`;
-    ``sampling`` a mapping or a :class:`Sampling`.
+    ``max_samples_per_question``). ``policy`` is a policy string, ``hedge``
+    (the default), ``blend``, ``asc``, ``ppr``, ``esc`` or ``sc`` with options
+    (``asc:cap=16``; the grammar is in the service's docs/policies.md).
+    ``answer`` takes an :data:`AnswerKind` (``"number"``), ``{"kind",
+    "pattern"}`` or an :class:`AnswerFormat`; ``sampling`` a mapping or a
+    :class:`Sampling`. The service checks ranges and combinations (a 422
+    naming the field).
     """
 
     budget: int | None = None
     budget_per_question: float | None = None
     confidence: float | None = None
-    max_samples_per_question: int | None = None
+    max_samples_per_question: int | None = Field(None, description="with confidence: the cap")
     policy: str | None = None
     answer: AnswerFormat | None = None
     sampling: Sampling | None = None
@@ -84,7 +95,23 @@ class SolveOptions(_Options):
         return body
 
 
-def solve_options(options: SolveOptions | None, fields: Mapping[str, Any]) -> SolveOptions:
+class SolveFields(TypedDict, total=False):
+    """:class:`SolveOptions` as keyword arguments of a client call, for type checkers."""
+
+    budget: int | None
+    budget_per_question: float | None
+    confidence: float | None
+    max_samples_per_question: int | None
+    policy: str | None
+    answer: AnswerKind | AnswerFormat | Mapping[str, Any] | None
+    sampling: Sampling | Mapping[str, Any] | None
+    model: str | None
+    settle_delta: float | None
+    concurrency: int | None
+    in_flight_per_question: float | None
+
+
+def solve_options(options: SolveOptions | None, fields: Mapping[str, object]) -> SolveOptions:
     """``options`` with ``fields`` (keyword arguments of a client call) over them.
 
     Raises:

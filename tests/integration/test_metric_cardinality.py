@@ -14,69 +14,25 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
-from blendserve.engines.replay import ReplayEngine
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.abuse import FLOOD_MARK, FLOOD_RECORDS, Unlisted, flood, series
 from tests.support.live import serve_engine
 
 pytestmark = pytest.mark.slow
 
 #: Requests of the flood.
 FLOOD = 2000
-MARK = "client-minted"
-RECORDS = [{"prompt": "Seven?", "answers": ["7"]}]
 #: Every pool label the flood may make: a model no one configured, one answer format,
 #: and the budgets of 1 to 16 rounded up to a power of two.
 FLOOD_POOLS = {f"other/exact/b{2**k}" for k in range(5)}
 #: Series of one pool label: 3 gauges, a counter (2) and a histogram of 10 buckets (14).
 SERIES_PER_POOL = 19
-
-
-class Unlisted(ReplayEngine):
-    """A replay engine that lists no model: any name a request gives goes on as it is."""
-
-    async def models(self) -> list[str]:
-        """None."""
-        return []
-
-
-def _body(i: int, n: int) -> dict[str, Any]:
-    """A request of its own model name (512 characters) and its own budget, in [1, 16)."""
-    model = f"{MARK}-{i}-".ljust(512, "x")
-    budget = 1 + 15 * i / n
-    return {
-        "model": model,
-        "prompt": "Seven?",
-        "max_tokens": 8,
-        "blendserve": {"budget_per_question": budget, "answer": "exact"},
-    }
-
-
-async def _flood(url: str, n: int, concurrency: int = 16) -> Counter[int]:
-    """Sends ``n`` requests, ``concurrency`` at a time; their statuses."""
-    statuses: Counter[int] = Counter()
-    next_request = iter(range(n))
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-
-        async def worker() -> None:
-            for i in next_request:
-                reply = await client.post("/v1/completions", json=_body(i, n))
-                statuses[reply.status_code] += 1
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return statuses
-
-
-def _series(text: str) -> list[str]:
-    """The sample lines of an exposition (no comments)."""
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
 def _pools(text: str) -> set[str]:
@@ -90,9 +46,9 @@ def _pools(text: str) -> set[str]:
 
 def _flood_and_scrape(n: int) -> tuple[Counter[int], str, str]:
     """The statuses of ``n`` requests, and ``/metrics`` before and after them."""
-    with serve_engine(Unlisted(RECORDS), allow_model_aliases=True) as live:
+    with serve_engine(Unlisted(FLOOD_RECORDS), allow_model_aliases=True) as live:
         before = httpx.get(f"{live.url}/metrics", timeout=60).text
-        statuses = asyncio.run(_flood(live.url, n))
+        statuses = asyncio.run(flood(live.url, n))
         after = httpx.get(f"{live.url}/metrics", timeout=60).text
     return statuses, before, after
 
@@ -100,23 +56,23 @@ def _flood_and_scrape(n: int) -> tuple[Counter[int], str, str]:
 def test_a_flood_of_model_names_and_budgets_leaves_metrics_bounded() -> None:
     statuses, before, after = _flood_and_scrape(FLOOD)
     assert statuses == {200: FLOOD}
-    assert MARK not in after
+    assert FLOOD_MARK not in after
     new_pools = _pools(after) - _pools(before)
     assert new_pools <= FLOOD_POOLS, new_pools
     # Its pools' series, its route's and /metrics' (19 each), and a few unlabelled ones'
     # first values: 10,000 pool labels' series without the bound (190k, 112 MB).
-    added = len(_series(after)) - len(_series(before))
+    added = len(series(after)) - len(series(before))
     assert added <= SERIES_PER_POOL * (len(FLOOD_POOLS) + 2) + 20, added
     assert len(after.encode()) < 1_000_000
 
 
 def test_paths_no_route_has_share_one_endpoint_label() -> None:
-    with serve_engine(Unlisted(RECORDS)) as live:
+    with serve_engine(Unlisted(FLOOD_RECORDS)) as live:
         for i in range(50):
-            httpx.get(f"{live.url}/{MARK}/{i}", timeout=10)
-            httpx.post(f"{live.url}/v1/{MARK}-{i}", json={}, timeout=10)
+            httpx.get(f"{live.url}/{FLOOD_MARK}/{i}", timeout=10)
+            httpx.post(f"{live.url}/v1/{FLOOD_MARK}-{i}", json={}, timeout=10)
         text = httpx.get(f"{live.url}/metrics", timeout=10).text
-    assert MARK not in text
+    assert FLOOD_MARK not in text
     counts = {
         sample.labels["status"]: sample.value
         for family in text_string_to_metric_families(text)
@@ -163,7 +119,7 @@ def _stalled() -> Iterator[_Stalled]:
 
 def test_health_answers_while_a_scrape_renders() -> None:
     scraped: list[httpx.Response] = []
-    with _stalled() as collector, serve_engine(Unlisted(RECORDS)) as live:
+    with _stalled() as collector, serve_engine(Unlisted(FLOOD_RECORDS)) as live:
         scrape = threading.Thread(
             target=lambda: scraped.append(httpx.get(f"{live.url}/metrics", timeout=60))
         )

@@ -22,19 +22,15 @@ from blendserve.service.solve.schemas import (
     AnswerOut,
     BudgetOut,
     ConfidenceOut,
-    SolveRequest,
     SolveResponse,
     UsageOut,
 )
-from blendserve.service.vocabulary import AnswerFormat, SamplingIn
 from blendserve_client import models
 from blendserve_client._request import raise_for_error
 from blendserve_client.errors import APIError
-from blendserve_client.options import AnswerFormat as ClientAnswer
-from blendserve_client.options import Sampling, SolveOptions, solve_options
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 #: server schema -> the client model that reads it.
 PAIRS: list[tuple[type[Any], type[BaseModel]]] = [
@@ -134,44 +130,3 @@ def test_client_reads_every_error(error: ErrorResponse, status: int) -> None:
     assert raised.value.status_code == status
     assert raised.value.message == error.error.message
     assert raised.value.param == error.error.param
-
-
-def test_the_client_exposes_every_solve_request_field() -> None:
-
-    asked = set(SolveRequest.model_fields) - {"questions", "stream"}
-    assert set(SolveOptions.model_fields) == asked
-    assert set(Sampling.model_fields) == set(SamplingIn.model_fields)
-    assert set(ClientAnswer.model_fields) == set(AnswerFormat.model_fields)
-
-
-def test_options_by_name_and_by_model_build_the_same_valid_body() -> None:
-
-    by_name = solve_options(
-        None,
-        {"budget_per_question": 4, "answer": "number", "sampling": {"max_tokens": 64}},
-    )
-    by_model = SolveOptions(
-        budget_per_question=4, answer={"kind": "number"}, sampling=Sampling(max_tokens=64)
-    )  # type: ignore[arg-type]
-    body = by_name.body(["What is 6 * 7?"], stream=False)
-    assert body == by_model.body(["What is 6 * 7?"], stream=False)
-    assert body == {
-        "questions": [{"prompt": "What is 6 * 7?"}],
-        "stream": False,
-        "budget_per_question": 4,
-        "answer": {"kind": "number"},
-        "sampling": {"max_tokens": 64},
-    }
-    SolveRequest.model_validate(body)  # the service takes it
-    with_target = solve_options(by_name, {"budget_per_question": None, "confidence": 0.9})
-    assert "budget_per_question" not in with_target.body(["q"], stream=True)
-
-
-def test_an_unknown_option_or_a_bad_type_is_refused_before_sending() -> None:
-
-    with pytest.raises(ValidationError):
-        solve_options(None, {"budgt": 8})
-    with pytest.raises(ValidationError):
-        solve_options(None, {"answer": "words"})
-    with pytest.raises(ValidationError):
-        solve_options(None, {"in_flight_per_question": "many"})

@@ -3,11 +3,14 @@
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).parents[2]
+#: The client's own distribution: a local project, installed from ./client in the same command.
+CLIENT = "blendserve-client"
 
 
 def _commands() -> list[str]:
@@ -15,6 +18,11 @@ def _commands() -> list[str]:
     first = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
     assert first is not None, "the README opens with a bash block of two commands"
     return first.group(1).strip().splitlines()
+
+
+def _project(path: Path) -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((path / "pyproject.toml").read_text("utf-8"))["project"]
+    return project
 
 
 def test_the_readme_opens_with_a_serve_and_a_test_command() -> None:
@@ -25,11 +33,36 @@ def test_the_readme_opens_with_a_serve_and_a_test_command() -> None:
     for command in (serve, test):
         assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
         assert "-c constraints.txt" in command
+        # No index has the client's distribution: the same pip command installs it.
+        assert " -e ./client " in command
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     _, test = _commands()
     assert f'bash -c "{test}"' in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_dockerfile_installs_the_client_with_the_service() -> None:
+    install = re.search(r"pip install [^\n]*", (ROOT / "Dockerfile").read_text(encoding="utf-8"))
+    assert install is not None and "-c constraints.txt ./client " in install.group(0)
+
+
+def test_the_service_depends_on_the_client_it_no_longer_packages() -> None:
+    project = _project(ROOT)
+    client = _project(ROOT / "client")
+    assert client["name"] == CLIENT
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    (pin,) = [r for r in wanted if canonicalize_name(r.name) == CLIENT]
+    assert pin.specifier.contains(client["version"])
+    packaging = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
+    assert packaging["packages"]["find"]["where"] == ["server"]
+
+
+def test_the_client_is_light_with_the_service_s_lower_bounds() -> None:
+    service = set(_project(ROOT)["dependencies"])
+    client = _project(ROOT / "client")["dependencies"]
+    assert {canonicalize_name(Requirement(r).name) for r in client} == {"httpx", "pydantic"}
+    assert set(client) <= service, set(client) - service
 
 
 def test_the_constraints_pin_every_requirement_of_the_test_install() -> None:
@@ -38,7 +71,16 @@ def test_the_constraints_pin_every_requirement_of_the_test_install() -> None:
         for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines()
         if "==" in line and not line.startswith("#")
     }
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    project = _project(ROOT)
     extras = project["optional-dependencies"]
-    for requirement in (*project["dependencies"], *extras["test"], *extras["embedded"]):
-        assert canonicalize_name(Requirement(requirement).name) in pinned, requirement
+    requirements = (
+        *project["dependencies"],
+        *extras["test"],
+        *extras["embedded"],
+        *_project(ROOT / "client")["dependencies"],
+    )
+    for requirement in requirements:
+        name = canonicalize_name(Requirement(requirement).name)
+        if name == CLIENT:
+            continue  # a local project: constraints pin index packages only
+        assert name in pinned, requirement
