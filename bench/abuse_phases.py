@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
 
 from blendserve.engines.base import Engine  # noqa: E402
+from blendserve.engines.config import Limits  # noqa: E402
 from blendserve.engines.openai import OpenAIEngine  # noqa: E402
 from blendserve.engines.replay import ReplayEngine  # noqa: E402
 from blendserve.service import Settings, create_app  # noqa: E402
@@ -64,7 +65,7 @@ def dropped(streams: int = 200, plain: int = 50) -> bool:
     )
     upstream = FakeServer(state).start()
     try:
-        engine = OpenAIEngine([upstream.url], max_connections=16)
+        engine = OpenAIEngine([upstream.url], limits=Limits(connections=16))
         with serve_engine(engine, max_concurrent_jobs=256) as live:
             started = time.monotonic()
             asyncio.run(drop_jobs(live.url, streams))

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import httpx2
 from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines.config import Limits
 from blendserve.engines.openai import OpenAIEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ async def _bench(args: argparse.Namespace) -> None:
         )
         for n in (int(v) for v in args.n.split(",")):
             engine = OpenAIEngine(
-                urls, transport=transport, max_connections=max(args.concurrency, 1)
+                urls, transport=transport, limits=Limits(connections=max(args.concurrency, 1))
             )
             async with engine:
                 before = await _served(urls) if procs else 0

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from blendserve.engines.config import Limits
 from blendserve.engines.openai import OpenAIEngine
 
 from tests.support.abuse import drop_jobs, gauge, plain_requests
@@ -45,7 +46,7 @@ def upstream() -> Iterator[FakeServer]:
 def test_dropped_jobs_leave_the_upstream_pool_usable(upstream: FakeServer) -> None:
     # 8 shards of 2 connections: the dropped jobs' requests queue in every shard, as
     # they do in the default 128 shards under a larger load.
-    engine = OpenAIEngine([upstream.url], max_connections=16)
+    engine = OpenAIEngine([upstream.url], limits=Limits(connections=16))
     with serve_engine(engine, max_concurrent_jobs=256) as live:
         asyncio.run(drop_jobs(live.url, STREAMS))
         upstream.state.slow_rate = 0.0  # the plain requests are answered at once

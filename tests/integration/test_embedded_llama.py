@@ -16,6 +16,7 @@ import httpx
 import pytest
 from blendserve.answers import extract
 from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.engines.config import RetryPolicy, Timeouts
 from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer, ensure_model
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
@@ -64,7 +65,7 @@ def _ask(
 
 def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -> None:
     async def scenario() -> list[str]:
-        async with OpenAIEngine([server.base_url], timeout=120) as engine:
+        async with OpenAIEngine([server.base_url], timeouts=Timeouts(call=120)) as engine:
             samples = await engine.generate(
                 _ask(QUESTIONS[0][0], n=4, max_tokens=32, temperature=1.0, seed=1)
             )
@@ -81,9 +82,11 @@ def test_streamed_samples_count_the_prompt_like_unstreamed_ones(
     # Streamed as the embedded default streams: llama.cpp's streams carry no usage.
     async def scenario() -> tuple[list[int], list[int]]:
         request = _ask(QUESTIONS[2][0], n=3, max_tokens=4, temperature=1.0, seed=5)
-        async with OpenAIEngine([server.base_url], timeout=120) as plain:
+        async with OpenAIEngine([server.base_url], timeouts=Timeouts(call=120)) as plain:
             unstreamed = await plain.generate(request)
-        async with OpenAIEngine([server.base_url], timeout=120, stream=True) as streaming:
+        async with OpenAIEngine(
+            [server.base_url], stream=True, timeouts=Timeouts(call=120)
+        ) as streaming:
             streamed = await streaming.generate(request)
         return [s.prompt_tokens for s in unstreamed], [s.prompt_tokens for s in streamed]
 
@@ -93,7 +96,7 @@ def test_streamed_samples_count_the_prompt_like_unstreamed_ones(
 
 def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
     async def scenario() -> list[str | None]:
-        async with OpenAIEngine([server.base_url], timeout=120) as engine:
+        async with OpenAIEngine([server.base_url], timeouts=Timeouts(call=120)) as engine:
             found = []
             for question, _ in QUESTIONS:
                 (sample,) = await engine.generate(_ask(question, temperature=0.2, seed=3))
@@ -106,7 +109,9 @@ def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
 
 def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
     async def scenario() -> None:
-        async with OpenAIEngine([server.base_url], timeout=120, stream=True) as engine:
+        async with OpenAIEngine(
+            [server.base_url], stream=True, timeouts=Timeouts(call=120)
+        ) as engine:
             long = _ask("Write the numbers from 1 to 3000, one per line.", max_tokens=1500)
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(engine.generate(long), timeout=2)
@@ -125,7 +130,11 @@ def test_a_dead_replica_is_retried_on_the_live_one(server: EmbeddedLlamaServer) 
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
     async def scenario() -> int:
-        async with OpenAIEngine([dead, server.base_url], timeout=120, backoff_base=0.01) as engine:
+        async with OpenAIEngine(
+            [dead, server.base_url],
+            timeouts=Timeouts(call=120),
+            retry=RetryPolicy(backoff_base=0.01),
+        ) as engine:
             results = [
                 await engine.generate(_ask(q, max_tokens=24, seed=i, question_id=str(i)))
                 for i, (q, _) in enumerate(QUESTIONS[:3])
@@ -137,7 +146,7 @@ def test_a_dead_replica_is_retried_on_the_live_one(server: EmbeddedLlamaServer) 
 
 def test_solve_through_the_service(server: EmbeddedLlamaServer) -> None:
     async def factory() -> OpenAIEngine:
-        return OpenAIEngine([server.base_url], timeout=120)
+        return OpenAIEngine([server.base_url], timeouts=Timeouts(call=120))
 
     app = create_app(Settings(default_concurrency=2), engine_factory=factory)
     with LiveServer(app) as live:
@@ -163,7 +172,9 @@ class _Borrowed(EmbeddedEngine):
 
 def test_samples_add_up_on_the_embedded_engine(server: EmbeddedLlamaServer) -> None:
     # Streamed, as the embedded default runs: llama.cpp answers n=4 with one choice.
-    engine = _Borrowed(server, OpenAIEngine([server.base_url], timeout=120, stream=True))
+    engine = _Borrowed(
+        server, OpenAIEngine([server.base_url], stream=True, timeouts=Timeouts(call=120))
+    )
     question = {"messages": [{"role": "user", "content": QUESTIONS[3][0] + INSTRUCTION}]}
     with serve_engine(engine) as live:
         before = upstream_samples(live.url, server.base_url)
@@ -188,7 +199,7 @@ def test_token_id_prompts_reach_llama_cpp_as_its_own_text(server: EmbeddedLlamaS
     tokens = response.json()["tokens"]
 
     async def scenario() -> tuple[str, list[str], bool]:
-        inner = OpenAIEngine([server.base_url], timeout=120)
+        inner = OpenAIEngine([server.base_url], timeouts=Timeouts(call=120))
         engine = EmbeddedEngine(server, inner)  # the server stays the module's
         try:
             ask = GenerateRequest(
@@ -209,7 +220,7 @@ def test_passthrough_streams_token_by_token(server: EmbeddedLlamaServer) -> None
     import openai
 
     async def factory() -> OpenAIEngine:
-        return OpenAIEngine([server.base_url], timeout=120)
+        return OpenAIEngine([server.base_url], timeouts=Timeouts(call=120))
 
     with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)

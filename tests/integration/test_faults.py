@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from blendserve import metrics
+from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 
 from tests.support.fake_openai import FakeServer, FakeState
@@ -64,7 +65,9 @@ def test_every_job_completes_and_counts_each_served_sample_once(
     # A short probe interval: with 30% errors a replica's breaker opens often,
     # and the job rides each open spell out (it is far below FAILURE_TIMEOUT_S).
     engine = OpenAIEngine(
-        [s.url for s in faulty], backoff_base=0.02, probe_interval=0.1, failure_threshold=3
+        [s.url for s in faulty],
+        retry=RetryPolicy(backoff_base=0.02),
+        health=Health(probe_interval=0.1, failure_threshold=3),
     )
     # Hangs end at the 3 s request deadline, well after any answered attempt
     # (4 attempts of <= 0.2 s plus backoffs), so no served answer is ever cut off.
@@ -132,7 +135,7 @@ def _in_background(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]
 @pytest.mark.parametrize("stream", [False, True])
 def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(stream: bool) -> None:
     upstreams = _slow_upstreams()
-    engine = OpenAIEngine([u.url for u in upstreams], backoff_base=0.02)
+    engine = OpenAIEngine([u.url for u in upstreams], retry=RetryPolicy(backoff_base=0.02))
     payload = {
         "questions": QUESTIONS,
         "budget": 4000,
@@ -187,7 +190,7 @@ def test_v1_question_without_any_answer_is_an_openai_503(stream: bool) -> None:
     upstream = FakeServer(FakeState(name="gone")).start()
     url = upstream.url
     upstream.kill()  # down before the first request: no question gets a sample
-    engine = OpenAIEngine([url], backoff_base=0.02)
+    engine = OpenAIEngine([url], retry=RetryPolicy(backoff_base=0.02))
     with serve_engine(engine, default_concurrency=6) as live:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
         started = time.monotonic()

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from blendserve.engines.base import UpstreamReply
+from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai_wire import once
 from blendserve.engines.replay import ReplayEngine
@@ -341,7 +342,7 @@ def test_an_upstream_asking_to_retry_after_2_s_every_time_fails_the_request_in_s
     fake.state.retry_after = "2"
     fake.state.retry_after_status = status
     # A short backoff: what is left is what Retry-After costs.
-    engine = OpenAIEngine([fake.url], backoff_base=0.01, max_retry_after=5)
+    engine = OpenAIEngine([fake.url], retry=RetryPolicy(backoff_base=0.01, max_retry_after=5))
     chat = {**CHAT, "blendserve": {"answer": "number", "budget_per_question": 8}}
     with serve_engine(engine) as live:
         start = time.monotonic()
@@ -356,7 +357,7 @@ def test_a_retry_after_once_is_honoured_and_the_request_completes(fake: FakeServ
     fake.state.retry_after = "1"
     fake.state.retry_after_status = 503
     fake.state.retry_after_count = 1
-    engine = OpenAIEngine([fake.url], backoff_base=0.01, max_retry_after=5)
+    engine = OpenAIEngine([fake.url], retry=RetryPolicy(backoff_base=0.01, max_retry_after=5))
     chat = {**CHAT, "blendserve": {"answer": "number", "budget_per_question": 2}}
     with serve_engine(engine) as live:
         response = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60)

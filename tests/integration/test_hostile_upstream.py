@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineProtocolError
 from blendserve.service import Settings, create_app
@@ -72,7 +73,7 @@ def test_pass_through_requests_count_against_the_job_limit(fake: FakeServer) -> 
 
 def test_a_pass_through_to_a_silent_upstream_ends_at_the_read_timeout(fake: FakeServer) -> None:
     fake.state.latency = 60
-    engine = OpenAIEngine([fake.url], timeout=1.0)
+    engine = OpenAIEngine([fake.url], timeouts=Timeouts(call=1.0))
     with serve_engine(engine) as live:
         start = time.monotonic()
         response = httpx.post(f"{live.url}/v1/chat/completions", json={**CHAT, **OFF}, timeout=30)
@@ -83,7 +84,7 @@ def test_a_pass_through_to_a_silent_upstream_ends_at_the_read_timeout(fake: Fake
 
 def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer) -> None:
     fake.state.endless = True
-    engine = OpenAIEngine([fake.url], max_response_bytes=1 << 20)
+    engine = OpenAIEngine([fake.url], limits=Limits(response_bytes=1 << 20))
     with serve_engine(engine) as live:
         received = 0
         request = {**CHAT, **OFF, "stream": True}
@@ -107,7 +108,11 @@ def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) ->
 
     async def scenario() -> None:
         engine = OpenAIEngine(
-            [fake.url], stream=True, stall_timeout=5, max_response_bytes=1 << 20, max_retries=0
+            [fake.url],
+            stream=True,
+            timeouts=Timeouts(stall=5),
+            limits=Limits(response_bytes=1 << 20),
+            retry=RetryPolicy(max_retries=0),
         )
         async with engine:
             from blendserve.engines.base import GenerateRequest
@@ -124,7 +129,9 @@ def test_a_huge_completion_fails_at_the_size_limit(fake: FakeServer) -> None:
     fake.state.pad_bytes = 2 << 20
 
     async def scenario() -> None:
-        async with OpenAIEngine([fake.url], max_response_bytes=1 << 20, max_retries=0) as engine:
+        async with OpenAIEngine(
+            [fake.url], limits=Limits(response_bytes=1 << 20), retry=RetryPolicy(max_retries=0)
+        ) as engine:
             from blendserve.engines.base import GenerateRequest
 
             with pytest.raises(EngineProtocolError, match="over 1048576 bytes"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
@@ -106,7 +107,7 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, Path]) -> Non
     upstream = FakeServer(FakeState(name="up", latency=0.05, fail_next=2)).start()
 
     async def factory() -> OpenAIEngine:
-        return OpenAIEngine([upstream.url], backoff_base=0.01)
+        return OpenAIEngine([upstream.url], retry=RetryPolicy(backoff_base=0.01))
 
     try:
         with LiveServer(create_app(Settings(), engine_factory=factory)) as live:

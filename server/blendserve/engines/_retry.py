@@ -30,6 +30,10 @@ class RetryPolicy:
     max_retry_after: float = 30.0
     max_backoff: float = 10.0
 
+    def __post_init__(self) -> None:
+        if min(self.max_retries, self.backoff_base, self.max_retry_after, self.max_backoff) < 0:
+            raise ValueError(f"retry settings must be >= 0, got {self}")
+
     @property
     def attempts(self) -> int:
         """Attempts at most, the first included."""

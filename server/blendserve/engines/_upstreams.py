@@ -22,6 +22,7 @@ from blendserve._byte_lru import ByteLRU
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
+from blendserve.engines.config import Health, Limits, Timeouts
 from blendserve.engines.openai_wire import (
     CHAT,
     COMPLETIONS,
@@ -48,12 +49,12 @@ class Upstreams:
 
     Args:
         urls: base URLs of the replicas (see :func:`split_credentials`).
-        failure_threshold: consecutive failures that open a replica's breaker.
-        affinity_slack: see :class:`ReplicaSet`.
-        probe_interval: seconds between probes of replicas whose breaker is open.
-        forward_timeout: seconds a forwarded reply may stay silent.
-        max_connections, api_key, connect_timeout, stall_timeout, transport,
-            max_response_bytes: the connection pool's, see :class:`HttpPool`.
+        api_key: sent as ``Authorization: Bearer`` (see :class:`HttpPool`).
+        timeouts: connects and stalls; a forwarded reply may stay silent for the
+            stall timeout, else for a call's.
+        limits: connections per replica and the largest response body.
+        health: when a replica's breaker opens and how often it is probed.
+        transport: custom httpx2 transport (tests, ASGI apps).
         sink: where the replicas' configuration and states are reported.
     """
 
@@ -61,40 +62,35 @@ class Upstreams:
         self,
         urls: Sequence[str],
         *,
-        failure_threshold: int,
-        affinity_slack: int,
-        probe_interval: float,
-        forward_timeout: float,
-        max_connections: int,
         api_key: str | None,
-        connect_timeout: float,
-        stall_timeout: float | None,
+        timeouts: Timeouts,
+        limits: Limits,
+        health: Health,
         transport: httpx2.AsyncBaseTransport | None,
-        max_response_bytes: int,
         sink: Stats = NO_STATS,
     ) -> None:
         bases = [split_credentials(u) for u in urls]
         self.replicas = ReplicaSet(
             [base for base, _ in bases],
-            failure_threshold=failure_threshold,
-            affinity_slack=affinity_slack,
+            failure_threshold=health.failure_threshold,
+            affinity_slack=health.affinity_slack,
         )
         self.report_to(sink)
         self.pool = HttpPool(
             [r.url for r in self.replicas.replicas],
-            max_connections,
+            limits.connections,
             api_key=api_key,
-            connect_timeout=connect_timeout,
-            stall_timeout=stall_timeout,
+            connect_timeout=timeouts.connect,
+            stall_timeout=timeouts.stall,
             transport=transport,
             credentials={base: auth for base, auth in bases if auth},
-            max_response_bytes=max_response_bytes,
+            max_response_bytes=limits.response_bytes,
         )
         # prompt digest -> its token count, for upstreams whose streams carry no usage
         self._prompt_counts: ByteLRU[bytes, int] = ByteLRU(PROMPT_COUNT_BYTES)
         self.closed = False
-        self._probe_interval = probe_interval
-        self._forward_timeout = forward_timeout
+        self._probe_interval = health.probe_interval
+        self._forward_timeout = timeouts.stall or timeouts.call
         self._probe_task: asyncio.Task[None] | None = None
 
     def report_to(self, sink: Stats) -> None:

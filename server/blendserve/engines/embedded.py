@@ -33,6 +33,7 @@ import httpx2
 
 from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
+from blendserve.engines.config import Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import EngineUnavailable
@@ -388,5 +389,5 @@ async def create_embedded_engine(
     server = EmbeddedLlamaServer(path, model_name=model, n_ctx=n_ctx)
     await server.start()
     # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
-    inner = OpenAIEngine([server.base_url], timeout=timeout, stream=True, sink=sink)
+    inner = OpenAIEngine([server.base_url], stream=True, timeouts=Timeouts(call=timeout), sink=sink)
     return EmbeddedEngine(server, inner)

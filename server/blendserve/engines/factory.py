@@ -84,18 +84,18 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
     if kind == "openai":
         if not config.upstreams:
             raise ValueError("the openai engine needs at least one --upstream URL")
+        from blendserve.engines.config import Limits, RetryPolicy, Timeouts
         from blendserve.engines.openai import OpenAIEngine
 
         return OpenAIEngine(
             config.upstreams,
             model=config.model,
             api_key=config.api_key,
-            timeout=config.timeout,
             stream=config.stall_timeout is not None,
-            stall_timeout=config.stall_timeout,
             session_header=config.session_header,
-            max_response_bytes=config.max_response_bytes,
-            max_retry_after=config.max_retry_after,
+            timeouts=Timeouts(call=config.timeout, stall=config.stall_timeout),
+            limits=Limits(response_bytes=config.max_response_bytes),
+            retry=RetryPolicy(max_retry_after=config.max_retry_after),
             sink=sink,
         )
     if kind == "replay":

@@ -78,10 +78,10 @@ from blendserve.engines.base import (
     UpstreamReply,
     shift_seed,
 )
+from blendserve.engines.config import Health, Limits, Timeouts
 from blendserve.engines.openai_wire import (
     CHAT,
     COMPLETIONS,
-    MAX_RETRY_AFTER,
     error_message,
     normalise_base_url,
     parse_response,
@@ -108,30 +108,20 @@ class OpenAIEngine(Engine, PassThrough):
         api_key: sent as ``Authorization: Bearer``.
         mode: ``chat`` or ``completions``, the request kind callers should
             build by default; both kinds are always served.
-        timeout: default deadline of a ``generate`` call, retries included.
-        connect_timeout: TCP connect timeout of one attempt.
-        max_retries: retries after the first attempt.
-        backoff_base: first backoff in seconds, doubled per retry (capped at
-            10 s) with jitter.
-        max_connections: keep-alive connections per replica.
         n_support: ``auto`` detects per replica whether ``n`` is honoured;
             ``yes`` always sends ``n``; ``no`` always sends ``n`` single requests.
-        transport: custom httpx2 transport (tests, ASGI apps).
-        failure_threshold: consecutive failures that open a replica's breaker.
-        probe_interval: seconds between probes of replicas whose breaker is open.
-        affinity_slack: outstanding sequences a question's home replica may
-            carry over the least-loaded one and still be chosen.
-        stream: request streamed responses, so a cancelled call stops generating.
-        stall_timeout: with ``stream``, an attempt whose upstream sends nothing
-            for this many seconds fails (a hung upstream) and is retried
-            elsewhere; None: only the call's deadline bounds it.
+        stream: request streamed responses, so a cancelled call stops generating
+            (needed by a stall timeout).
         session_header: a header carrying the question id on every request, for
             a router in front of several replicas that routes on it (vLLM
             production-stack's session routing).
-        max_response_bytes: the largest upstream response body read.
-        max_retry_after: the longest ``Retry-After`` waited for; an upstream
-            asking for longer fails the call at once (a job's own failure
-            timeout then decides, not the upstream).
+        timeouts: how long it waits (a call, a connect, a stalled stream).
+        limits: connections per replica, the largest response body.
+        health: when a replica's breaker opens, is probed, or is passed over.
+        retry: retries of a call and their backoff; an upstream asking to retry
+            after more than ``retry.max_retry_after`` fails the call at once (a
+            job's own failure timeout then decides, not the upstream).
+        transport: custom httpx2 transport (tests, ASGI apps).
         sink: where samples, retries, latencies and health are reported.
     """
 
@@ -144,21 +134,14 @@ class OpenAIEngine(Engine, PassThrough):
         model: str | None = None,
         api_key: str | None = None,
         mode: Literal["chat", "completions"] = "chat",
-        timeout: float = 600.0,
-        connect_timeout: float = 10.0,
-        max_retries: int = 3,
-        backoff_base: float = 0.2,
-        max_connections: int = 256,
         n_support: Literal["auto", "yes", "no"] = "auto",
-        transport: httpx2.AsyncBaseTransport | None = None,
-        failure_threshold: int = 3,
-        probe_interval: float = 2.0,
-        affinity_slack: int = 4,
         stream: bool = False,
-        stall_timeout: float | None = None,
         session_header: str | None = None,
-        max_response_bytes: int = 64 << 20,
-        max_retry_after: float = MAX_RETRY_AFTER,
+        timeouts: Timeouts = Timeouts(),
+        limits: Limits = Limits(),
+        health: Health = Health(),
+        retry: RetryPolicy = RetryPolicy(),
+        transport: httpx2.AsyncBaseTransport | None = None,
         sink: Stats = NO_STATS,
     ) -> None:
         if isinstance(urls, str):
@@ -167,31 +150,15 @@ class OpenAIEngine(Engine, PassThrough):
             raise ValueError(f"mode must be 'chat' or 'completions', got {mode!r}")
         if n_support not in ("auto", "yes", "no"):
             raise ValueError(f"n_support must be 'auto', 'yes' or 'no', got {n_support!r}")
-        for label, value in (
-            ("timeout", timeout),
-            ("connect_timeout", connect_timeout),
-            ("probe_interval", probe_interval),
-        ):
-            if not value > 0:
-                raise ValueError(f"{label} must be positive, got {value}")
-        if stall_timeout is not None and not (stream and stall_timeout > 0):
-            raise ValueError(f"stall_timeout needs stream=True and > 0, got {stall_timeout}")
-        if max_retries < 0 or backoff_base < 0 or max_connections < 1:
-            raise ValueError("max_retries and backoff_base must be >= 0, max_connections >= 1")
-        if max_response_bytes < 1 or max_retry_after < 0:
-            raise ValueError("max_response_bytes must be >= 1, max_retry_after >= 0")
+        if timeouts.stall is not None and not stream:
+            raise ValueError("a stall timeout needs stream=True")
         self._upstreams = Upstreams(
             urls,
-            failure_threshold=failure_threshold,
-            affinity_slack=affinity_slack,
-            probe_interval=probe_interval,
-            forward_timeout=stall_timeout or timeout,
-            max_connections=max_connections,
             api_key=api_key,
-            connect_timeout=connect_timeout,
-            stall_timeout=stall_timeout,
+            timeouts=timeouts,
+            limits=limits,
+            health=health,
             transport=transport,
-            max_response_bytes=max_response_bytes,
             sink=sink,
         )
         self.sink = sink
@@ -199,8 +166,8 @@ class OpenAIEngine(Engine, PassThrough):
         self._pool = self._upstreams.pool
         self._model = model
         self._mode: Literal["chat", "completions"] = mode
-        self._timeout = timeout
-        self._retry = RetryPolicy(max_retries, backoff_base, max_retry_after)
+        self._timeout = timeouts.call
+        self._retry = retry
         self._throttles = Throttles()
         self._n_support = n_support
         self._stream = stream

@@ -9,6 +9,7 @@ from typing import TypeVar
 import httpx2 as httpx
 import pytest
 from blendserve.engines.base import GenerateRequest
+from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.replay import FaultConfig, ReplayEngine
 from blendserve.errors import EngineProtocolError, EngineUnavailable
 from blendserve.stats import NO_STATS
@@ -26,7 +27,9 @@ def test_an_openai_engine_announces_its_replicas_and_counts_outcomes() -> None:
     up.script = [httpx.Response(503)]
 
     async def run() -> None:
-        async with engine(up, [URL], sink=sink, max_retries=1) as e:
+        async with engine(
+            up, [URL], sink=sink, retry=RetryPolicy(max_retries=1, backoff_base=0.001)
+        ) as e:
             assert e.sink is sink
             await e.generate(GenerateRequest(messages=CHAT, n=2))  # 503, then 2 samples
             up.script = [httpx.Response(400, json={"error": {"message": "no"}})]
@@ -120,7 +123,7 @@ def test_report_to_moves_an_engine_to_another_sink_with_its_state() -> None:
     up.script = [httpx.ConnectError("down")] * 3
 
     async def run() -> None:
-        async with engine(up, [URL, OTHER], sink=first, failure_threshold=1) as e:
+        async with engine(up, [URL, OTHER], sink=first, health=Health(failure_threshold=1)) as e:
             with pytest.raises(EngineUnavailable):
                 await e.generate(GenerateRequest(messages=CHAT, question_id="q"))
             e.report_to(second)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any
 
 import httpcore2
 import httpx2
@@ -13,6 +12,7 @@ import pytest
 from blendserve.engines import _http_pool
 from blendserve.engines._http_pool import HttpPool, _Connection
 from blendserve.engines.base import GenerateRequest
+from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 
 from tests.support.fake_openai import FakeServer
@@ -110,8 +110,12 @@ def test_pool_timeouts_are_retried_and_leave_the_breaker_closed() -> None:
 
     async def main() -> None:
         transport = httpx2.MockTransport(handler)
-        options: dict[str, Any] = {"failure_threshold": 2, "backoff_base": 0.001}
-        async with OpenAIEngine([BASE], transport=transport, **options) as engine:
+        async with OpenAIEngine(
+            [BASE],
+            transport=transport,
+            health=Health(failure_threshold=2),
+            retry=RetryPolicy(backoff_base=0.001),
+        ) as engine:
             ask = GenerateRequest(messages=[{"role": "user", "content": "2+2?"}])
             samples = await engine.generate(ask)
             assert [s.text for s in samples] == ["4"] and calls == 4

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
+from blendserve.engines.config import Health, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineTimeout
 
@@ -30,7 +31,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def _engine(servers: list[FakeServer], **kwargs: Any) -> OpenAIEngine:
-    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("retry", RetryPolicy(backoff_base=0.01))
     return OpenAIEngine([s.url for s in servers], **kwargs)
 
 
@@ -107,7 +108,7 @@ def test_killed_replica_loses_and_duplicates_no_sample(fakes: Fakes) -> None:
     victim = servers[1]
 
     async def main() -> list[Sample]:
-        async with _engine(servers, failure_threshold=2, probe_interval=0.05) as e:
+        async with _engine(servers, health=Health(failure_threshold=2, probe_interval=0.05)) as e:
             gate = asyncio.Semaphore(12)
 
             async def one(i: int) -> list[Sample]:
@@ -134,7 +135,9 @@ def test_unhealthy_replica_is_probed_back_in(fakes: Fakes) -> None:
     back, steady = fakes(2)
 
     async def main() -> None:
-        async with _engine([back, steady], failure_threshold=2, probe_interval=0.05) as e:
+        async with _engine(
+            [back, steady], health=Health(failure_threshold=2, probe_interval=0.05)
+        ) as e:
             await asyncio.to_thread(back.kill)
             for _ in range(6):
                 [sample] = await e.generate(chat())
@@ -192,7 +195,7 @@ def test_failures_and_dropped_connections_are_retried(fakes: Fakes) -> None:
     dropping.state.drop = True
 
     async def main() -> None:
-        async with _engine([flaky], failure_threshold=5) as e:
+        async with _engine([flaky], health=Health(failure_threshold=5)) as e:
             assert len(await e.generate(chat(n=3))) == 3
         assert flaky.state.requests == 3
         async with _engine([dropping, steady]) as e:
@@ -208,7 +211,7 @@ def test_a_stalled_stream_is_given_up_after_the_stall_timeout(fakes: Fakes) -> N
     stalled.state.timeout_rate = 1.0  # every stream stops after its first chunk
 
     async def main() -> tuple[list[Sample], float]:
-        async with _engine([stalled, live], stream=True, stall_timeout=0.5) as e:
+        async with _engine([stalled, live], stream=True, timeouts=Timeouts(stall=0.5)) as e:
             started = time.monotonic()
             # The question's home replica is the stalled one for some of these ids.
             results = await asyncio.gather(
@@ -231,7 +234,12 @@ def test_an_upstream_that_only_stalls_is_a_timeout_well_before_the_deadline(
     stalled.state.timeout_rate = 1.0
 
     async def main() -> float:
-        async with _engine([stalled], stream=True, stall_timeout=0.3, max_retries=1) as e:
+        async with _engine(
+            [stalled],
+            stream=True,
+            timeouts=Timeouts(stall=0.3),
+            retry=RetryPolicy(max_retries=1, backoff_base=0.01),
+        ) as e:
             started = time.monotonic()
             with pytest.raises(EngineTimeout):
                 await e.generate(chat())
@@ -241,8 +249,8 @@ def test_an_upstream_that_only_stalls_is_a_timeout_well_before_the_deadline(
 
 
 def test_stall_timeout_needs_streaming() -> None:
-    with pytest.raises(ValueError, match="stall_timeout"):
-        OpenAIEngine(["http://a/v1"], stall_timeout=1.0)
+    with pytest.raises(ValueError, match="stall timeout"):
+        OpenAIEngine(["http://a/v1"], timeouts=Timeouts(stall=1.0))
 
 
 @pytest.mark.parametrize("stream_usage", [True, False])

@@ -12,6 +12,7 @@ import httpx2 as httpx
 import pytest
 from blendserve._cancel import within
 from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.config import Health, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai_wire import retry_after
 from blendserve.errors import (
@@ -69,7 +70,7 @@ def ok(body: dict[str, Any], choices: int | None = None, chat: bool = True) -> h
 
 
 def engine(handler: Handler, urls: list[str] | None = None, **kwargs: Any) -> OpenAIEngine:
-    kwargs.setdefault("backoff_base", 0.001)
+    kwargs.setdefault("retry", RetryPolicy(backoff_base=0.001))
     transport = httpx.MockTransport(handler)
     return OpenAIEngine(urls or [URL], transport=transport, **kwargs)
 
@@ -242,7 +243,14 @@ def test_exhausted_retries_raise_unavailable_with_cause() -> None:
     up = Upstream()
     up.script = [httpx.Response(503, text="overloaded")] * 10
     with pytest.raises(EngineUnavailable) as info:
-        run_coroutine(_generate(up, chat(), max_retries=2, failure_threshold=10))
+        run_coroutine(
+            _generate(
+                up,
+                chat(),
+                retry=RetryPolicy(max_retries=2, backoff_base=0.001),
+                health=Health(failure_threshold=10),
+            )
+        )
     assert len(up.calls) == 3
     assert isinstance(info.value.__cause__, httpx.HTTPStatusError)
     assert "overloaded" in str(info.value)
@@ -253,7 +261,11 @@ def test_a_replica_taken_out_fails_fast() -> None:
     up.script = [httpx.ConnectError("refused")] * 10
 
     async def main() -> None:
-        async with engine(up, max_retries=5, failure_threshold=2, probe_interval=60) as e:
+        async with engine(
+            up,
+            retry=RetryPolicy(max_retries=5, backoff_base=0.001),
+            health=Health(failure_threshold=2, probe_interval=60),
+        ) as e:
             with pytest.raises(EngineUnavailable, match="unhealthy") as info:
                 await e.generate(chat())
             assert isinstance(info.value.__cause__, httpx.ConnectError)
@@ -281,14 +293,21 @@ def test_deadline_raises_engine_timeout() -> None:
     with pytest.raises(EngineTimeout):
         run_coroutine(_generate(stuck, chat(timeout=0.05)))
     with pytest.raises(EngineTimeout):
-        run_coroutine(_generate(stuck, chat(), timeout=0.05))
+        run_coroutine(_generate(stuck, chat(), timeouts=Timeouts(call=0.05)))
 
 
 def test_read_timeouts_retried_then_engine_timeout() -> None:
     up = Upstream()
     up.script = [httpx.ReadTimeout("slow")] * 3
     with pytest.raises(EngineTimeout) as info:
-        run_coroutine(_generate(up, chat(), max_retries=2, failure_threshold=10))
+        run_coroutine(
+            _generate(
+                up,
+                chat(),
+                retry=RetryPolicy(max_retries=2, backoff_base=0.001),
+                health=Health(failure_threshold=10),
+            )
+        )
     assert isinstance(info.value.__cause__, httpx.ReadTimeout) and len(up.calls) == 3
 
 
@@ -321,7 +340,9 @@ def test_retry_fails_over_to_another_replica_at_once() -> None:
         return ok(json.loads(request.content))
 
     samples = run_coroutine(
-        _generate(handler, chat(question_id="q"), urls=[URL, OTHER], backoff_base=60)
+        _generate(
+            handler, chat(question_id="q"), urls=[URL, OTHER], retry=RetryPolicy(backoff_base=60)
+        )
     )
     assert [s.upstream for s in samples] == [OTHER]
     assert calls in (["up.test", "other.test"], ["other.test"])
@@ -331,7 +352,7 @@ def test_retry_after_replaces_the_backoff() -> None:
     up = Upstream()
     up.script = [httpx.Response(429, headers={"Retry-After": "0.2"})]
     start = time.monotonic()
-    assert len(run_coroutine(_generate(up, chat(), backoff_base=60))) == 1
+    assert len(run_coroutine(_generate(up, chat(), retry=RetryPolicy(backoff_base=60)))) == 1
     assert 0.2 <= time.monotonic() - start < 5 and len(up.calls) == 2
 
 
@@ -340,7 +361,9 @@ def test_a_backoff_past_the_deadline_gives_up_at_once() -> None:
     up.script = [httpx.Response(503)] * 5
     start = time.monotonic()
     with pytest.raises(EngineUnavailable):
-        run_coroutine(_generate(up, chat(timeout=3), backoff_base=60))  # backoff >= 5 s
+        run_coroutine(
+            _generate(up, chat(timeout=3), retry=RetryPolicy(backoff_base=60))
+        )  # backoff >= 5 s
     assert time.monotonic() - start < 5 and len(up.calls) == 1
 
 

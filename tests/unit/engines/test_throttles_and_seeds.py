@@ -15,6 +15,7 @@ from blendserve.engines.base import (
     SamplingParams,
     shift_seed,
 )
+from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 
 URL = "http://up.test/v1"
@@ -44,7 +45,7 @@ def _throttling(times: int, retry_after: str) -> tuple[list[dict[str, object]], 
         return httpx.Response(200, json={"choices": [choice], "usage": {}})
 
     transport = httpx.MockTransport(handler)
-    return bodies, OpenAIEngine([URL], transport=transport, backoff_base=0.001)
+    return bodies, OpenAIEngine([URL], transport=transport, retry=RetryPolicy(backoff_base=0.001))
 
 
 def test_a_request_waits_out_one_retry_after_and_backs_off_after_it() -> None:
