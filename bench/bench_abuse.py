@@ -1,10 +1,9 @@
 """Hostile clients against ``blendserve serve``: slowloris, streams nobody reads, and more.
 
-The phases ``dropped``, ``labels``, ``sympy`` and ``tokenizer`` start servers of
-their own (see ``bench/abuse_phases.py``). For the first three it starts the
-real command (``blendserve serve --engine replay``) on loopback with a soft
-limit of 1,024 open descriptors (as a default ``ulimit -n`` gives it), then
-runs them bounded, each ``--duration`` seconds:
+Seven phases, chosen with ``--phases`` (default: all). For the first three it
+starts the real command (``blendserve serve --engine replay`` on DATA) on
+loopback with a soft limit of 1,024 open descriptors (as a default ``ulimit -n``
+gives it), then runs them bounded, each ``--duration`` seconds:
 
 1. ``--slowloris`` connections (1,000): half send nothing, half send half a
    request's headers and then one more byte a second;
@@ -18,8 +17,26 @@ each time) and a fresh one-question ``/solve`` once a second. It prints the
 was admitted, how many hostile connections the server had closed by the end,
 and the queued-questions gauge at the end (a reader whose job has finished
 keeps its connection open for keep-alive, its unread reply in the socket
-buffers), and the server's descriptors and RSS. Exits 1 if ``/health`` ever took 1 s or
-more or failed, or if no fresh ``/solve`` was admitted in a phase.
+buffers), and the server's descriptors and RSS.
+
+The other four need no DATA and run first, each against a server of its own in
+this process (``bench/abuse_phases.py``), over the replay engine or a fake
+upstream on loopback:
+
+4. ``dropped``: 200 streamed ``/solve`` jobs dropped one event in, then 50
+   plain ``/v1`` requests: the slowest, and the samples still in flight;
+5. ``labels``: 10,000 ``/v1`` requests, each naming its own model and budget:
+   the ``/metrics`` series, size and scrape time, ``/health`` meanwhile;
+6. ``sympy``: one API key's 30 requests of slow math answers beside another
+   key's ordinary ones: the other key's latency alone and beside them;
+7. ``tokenizer``: 600 ``/tokenize`` calls at once (how many got 429, ``/v1``
+   meanwhile) and an 18.9 MB ``/detokenize`` body (its status and time).
+
+Exits 1 if ``/health`` ever took 1 s or more or failed, or if no fresh ``/solve``
+was admitted in one of the first three phases; or if one of the other four
+missed its target: every plain ``/v1`` within 2 s and no sample in flight
+after; every flood request a 200 and ``/metrics`` under 1 MB; the other key
+delayed by under 1 s; some ``/tokenize`` refused with 429 and the body with 413.
 
 Usage: python bench/bench_abuse.py [DATA.jsonl] [--duration 40] [--slowloris 1000]
 [--readers 10] [--phases slowloris readers both dropped labels sympy tokenizer]
@@ -235,7 +252,7 @@ def _phase(
 
 
 def main() -> int:
-    """Runs the three phases; the exit code is 1 when a check fails."""
+    """Runs the chosen phases; the exit code is 1 when a check fails."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "data",
@@ -252,12 +269,13 @@ def main() -> int:
         nargs="+",
         choices=_PHASES,
         default=list(_PHASES),
-        help="which phases to run, in this order (default: all)",
+        help="which phases to run (default: all): those with servers of their own first, "
+        "then the others against one server, each group in this order",
     )
     args = parser.parse_args()
     served = [name for name in args.phases if name in _SERVED]
     if served and args.data is None:
-        parser.error(f"the {', '.join(served)} phases need DATA")
+        parser.error(f"DATA is needed by {', '.join(served)}")
     # every phase runs, even after one failed
     ok = all([PHASES[name]() for name in args.phases if name in PHASES])
     if served:

@@ -14,6 +14,7 @@ from typing import Any
 from blendserve.core.flatness import Flatness
 from blendserve.core.options import Option, parse_spec
 from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
+from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 
 __all__ = ["MIN_TARGET", "OnlineRule"]
 
@@ -33,6 +34,7 @@ _NUMBER = r"[0-9]+(\.[0-9]+)?"
 _OPTIONS = {
     "score": Option(_score, "(" + "|".join(SCORES) + ")"),
     **{key: Option(float, _NUMBER) for key in ("cap", "target", "growth", "extra", "first")},
+    "rounds": Option(int, "[0-9]+"),
 }
 
 
@@ -48,6 +50,8 @@ class OnlineRule:
         extra: a question's cap is at most this many samples beyond the budget.
         first: a question's first wave is at least this share of the budget
             (None: learned from the flatness of the finished questions).
+        rounds: waves per question at most (0: no bound; see
+            :class:`~blendserve.core.stopping.StoppingRule`).
     """
 
     score: Score = "asc"
@@ -56,10 +60,13 @@ class OnlineRule:
     growth: float = 0.0
     extra: float = 48.0
     first: float | None = None
+    rounds: int = DEFAULT_MAX_ROUNDS
 
     def __post_init__(self) -> None:
         if not (self.growth >= 0 and self.extra >= 0 and (self.first or 0.0) >= 0):
             raise ValueError("growth, extra and first must be at least 0")
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be at least 0, got {self.rounds}")
         if not self.cap >= 1.0:
             raise ValueError(f"cap must be at least 1 (a multiple of the budget), got {self.cap}")
         if self.target is not None and not 0.0 < self.target < 1.0:
@@ -67,7 +74,7 @@ class OnlineRule:
 
     @classmethod
     def parse(cls, text: str) -> OnlineRule:
-        """Parses ``online``, ``online:score=ppr,cap=4`` or ``online:target=0.01``.
+        """Parses ``online``, ``online:score=ppr,cap=4,rounds=4`` or ``online:target=0.01``.
 
         Raises:
             ValueError: not an online spec, or a bad option.
@@ -105,4 +112,5 @@ class OnlineRule:
             max_extra=self.extra,
             min_growth=self.growth,
             first_share=share,
+            max_rounds=self.rounds,
         )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.core.waves import WavePlan
 
 __all__ = [
     "DEFAULT_CAP",
@@ -70,12 +71,16 @@ class StoppingRule:
         min_growth: waves are at least this share of the samples a question
             has (0: waves stop exactly where one-at-a-time sampling would).
         min_first: the first wave is at least this many samples.
+        max_rounds: waves per question at most (0: no bound); later waves are
+            then sized by :class:`~blendserve.core.waves.WavePlan` from what the
+            question is expected to need, and its last wave takes all of it.
     """
 
     score: Score = "asc"
     max_num_samples: int = 64
     min_growth: float = 0.0
     min_first: int = 0
+    max_rounds: int = 0
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -86,6 +91,8 @@ class StoppingRule:
             raise ValueError(f"min_growth must be >= 0, got {self.min_growth}")
         if self.min_first < 0:
             raise ValueError(f"min_first must be >= 0, got {self.min_first}")
+        if self.max_rounds < 0:
+            raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
 
     @classmethod
     def for_budget(
@@ -97,6 +104,7 @@ class StoppingRule:
         max_extra: float = 48.0,
         min_growth: float = 0.0,
         first_share: float = 0.5,
+        max_rounds: int = 0,
     ) -> StoppingRule:
         """The rule for a mean budget: capped at ``cap`` times it, and ``max_extra`` beyond it.
 
@@ -110,7 +118,7 @@ class StoppingRule:
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
         cap_samples = max(1, round(limit))
         min_first = min(cap_samples, math.floor(first_share * budget_per_question))
-        return cls(score, cap_samples, min_growth, max(0, min_first))
+        return cls(score, cap_samples, min_growth, max(0, min_first), max_rounds)
 
     def log_uncertainty(self, n1: int, n2: int, num_distinct: int) -> float:
         """Log of the rule's uncertainty of vote state ``(n1, n2, K)``; larger is less sure."""
@@ -145,19 +153,36 @@ class StoppingRule:
         return left
 
     def wave_size(
-        self, n1: int, n2: int, num_distinct: int, num_samples: int, log_tau: float
+        self,
+        n1: int,
+        n2: int,
+        num_distinct: int,
+        num_samples: int,
+        log_tau: float,
+        rounds: int = 0,
     ) -> int:
-        """Samples to request next for one question (0: it is done).
+        """Samples to request next for one question that has had ``rounds`` waves (0: done).
 
         :meth:`samples_to_stop`, raised to ``min_growth`` times the samples it
         has, so a contested question needs few rounds (at the price of a few
-        samples a one-at-a-time loop would not have spent).
+        samples a one-at-a-time loop would not have spent); with
+        ``max_rounds``, raised to the wave plan's step of what the question
+        is expected to need, and 0 once it has had ``max_rounds`` waves.
         """
+        if self.max_rounds and rounds >= self.max_rounds:
+            return 0
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0
+        left = self.max_num_samples - num_samples
         grown = math.ceil(self.min_growth * num_samples) if num_samples else self.min_first
-        return min(self.max_num_samples - num_samples, max(need, grown))
+        if self.max_rounds and num_samples and self.score == "asc":
+            plan = WavePlan(max_rounds=self.max_rounds)
+            rounds_left = self.max_rounds - rounds
+            grown = max(
+                grown, plan.wave(n1, n2, num_samples, log_tau, limit=left, rounds_left=rounds_left)
+            )
+        return min(left, max(need, grown))
 
 
 class PacedThreshold:

@@ -3,7 +3,7 @@
 Balancing, affinity and the circuit breaker rules live in
 :mod:`blendserve.engines._replicas`; this module does the I/O around them. A
 replica whose breaker is open (or half-open with its trials in flight) is
-probed with ``GET {url}/models`` every ``probe_interval`` seconds by a
+probed with ``GET {url}/models`` every ``health.probe_interval`` seconds by a
 background task that runs only while some breaker is not closed; a 200
 half-opens it (or admits one more trial).
 """

@@ -129,6 +129,28 @@ class EngineHealth:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """How full an engine is: the sequences it runs at once, and those asked of it now.
+
+    Attributes:
+        capacity: sequences the engine runs at once (None: unknown).
+        running: sequences running now.
+        waiting: sequences queued behind them.
+    """
+
+    capacity: int | None
+    running: int = 0
+    waiting: int = 0
+
+    @property
+    def free(self) -> int:
+        """Sequences the engine could start now without queueing (0 when unknown)."""
+        if self.capacity is None:
+            return 0
+        return max(0, self.capacity - self.running - self.waiting)
+
+
+@dataclass(frozen=True)
 class UpstreamReply:
     """An upstream's reply to a forwarded request, passed on as it arrives.
 
@@ -157,6 +179,16 @@ class Engine(ABC):
     #: Where the engine reports its upstreams' samples and health; jobs and
     #: pools built on the engine report there too unless given their own.
     sink: Stats = NO_STATS
+    #: Sequences the engine runs at once, as configured (None: unknown, and
+    #: jobs decide sample by sample).
+    capacity: int | None = None
+    #: Sequences this process has asked of the engine and not yet received;
+    #: jobs and pools count theirs here, so that they see each other's load.
+    sequences_in_flight: int = 0
+
+    def load(self) -> EngineLoad:
+        """How full the engine is now; by default, what this process has sent it."""
+        return EngineLoad(self.capacity, self.sequences_in_flight)
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with the engine's upstreams and health."""

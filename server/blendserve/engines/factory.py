@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from blendserve.engines._retry import RetryPolicy
 from blendserve.engines.base import Engine
+from blendserve.engines.config import Limits, Timeouts
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["EngineConfig", "EngineKind", "build_engine"]
@@ -28,35 +30,35 @@ class EngineConfig:
         upstreams: OpenAI-compatible base URLs (data-parallel replicas).
         model: model name sent upstream (None: the upstream's own).
         api_key: bearer key for the upstreams.
-        timeout: seconds per upstream request.
+        timeouts: the upstreams' timeouts; ``call`` also bounds the embedded
+            default's requests. A ``stall`` timeout streams upstream requests
+            and fails an attempt silent this long (a hung upstream).
+        limits: connections per upstream and the largest response body read.
+        retry: retries of an upstream request; ``max_retry_after`` is the
+            longest ``Retry-After`` waited for.
         data: recorded answers for the replay engine.
         embedded_model: model of the embedded default.
         model_cache_dir: where the embedded model file is assembled.
         vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
         session_header: header carrying the question id upstream (session routing).
-        stall_timeout: stream upstream requests and fail an attempt silent this
-            long (a hung upstream); None: non-streamed, bounded by ``timeout``.
         replay_latency: seconds each replay request takes.
-        max_response_bytes: the largest upstream response body read.
-        max_retry_after: the longest upstream ``Retry-After`` a request waits for.
     """
 
     kind: EngineKind = "auto"
     upstreams: tuple[str, ...] = ()
     model: str | None = None
     api_key: str | None = None
-    timeout: float = 600.0
+    timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
+    retry: RetryPolicy = RetryPolicy()
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path | None = None
     vllm_model: str | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     session_header: str | None = None
-    stall_timeout: float | None = None
     replay_latency: float = 0.0
-    max_response_bytes: int = 64 << 20
-    max_retry_after: float = 30.0
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -84,18 +86,17 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
     if kind == "openai":
         if not config.upstreams:
             raise ValueError("the openai engine needs at least one --upstream URL")
-        from blendserve.engines.config import Limits, RetryPolicy, Timeouts
         from blendserve.engines.openai import OpenAIEngine
 
         return OpenAIEngine(
             config.upstreams,
             model=config.model,
             api_key=config.api_key,
-            stream=config.stall_timeout is not None,
+            stream=config.timeouts.stall is not None,
             session_header=config.session_header,
-            timeouts=Timeouts(call=config.timeout, stall=config.stall_timeout),
-            limits=Limits(response_bytes=config.max_response_bytes),
-            retry=RetryPolicy(max_retry_after=config.max_retry_after),
+            timeouts=config.timeouts,
+            limits=config.limits,
+            retry=config.retry,
             sink=sink,
         )
     if kind == "replay":
@@ -116,6 +117,6 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
     return await create_embedded_engine(
         model=config.embedded_model,
         cache_dir=config.model_cache_dir,
-        timeout=config.timeout,
+        timeout=config.timeouts.call,
         sink=sink,
     )

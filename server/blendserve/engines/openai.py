@@ -2,8 +2,8 @@
 
 One :class:`OpenAIEngine` talks to one or more data-parallel replicas of the
 same model over pooled keep-alive connections (httpx2 transports, at most
-``max_connections`` per replica; :mod:`blendserve.engines._http_pool` says why
-not one ``httpx2.AsyncClient``). A request with ``messages`` goes to
+``limits.connections`` per replica; :mod:`blendserve.engines._http_pool`
+says why not one ``httpx2.AsyncClient``). A request with ``messages`` goes to
 ``{url}/chat/completions``, one with ``prompt`` to ``{url}/completions``;
 ``mode`` only tells callers which kind to build. Base URLs are normalised to
 end in ``/v1``: ``http://host:8000``, ``http://host:8000/`` and
@@ -25,24 +25,24 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * Samples carry the upstream's usage. With ``stream``, an upstream whose
   streams carry no usage (llama.cpp's server) is asked for a prompt's token
   count once, by a one-token non-streamed request, and the count is kept.
-* 429, 5xx and transport errors are retried at most ``max_retries`` times. A
-  retry goes at once to a healthy replica this call has not tried, if any;
-  otherwise it waits a jittered exponential backoff, or ``Retry-After`` when
-  given (capped at 30 s) the first time in a streak of a replica's throttled
-  answers (:class:`~blendserve.engines._retry.Throttles`); a ``Retry-After``
-  longer than ``max_retry_after`` ends the call at once instead
-  (:class:`~blendserve.engines._retry.RetryPolicy`).
+* 429, 5xx and transport errors are retried at most ``retry.max_retries``
+  times. A retry goes at once to a healthy replica this call has not tried,
+  if any; otherwise it waits a jittered exponential backoff, or
+  ``Retry-After`` when given (capped at 30 s) the first time in a streak of
+  a replica's throttled answers (:class:`~blendserve.engines._retry.Throttles`);
+  a ``Retry-After`` longer than ``retry.max_retry_after`` ends the call at
+  once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
   Other statuses are not retried. A pool timeout (no pooled connection came
   in time, see :mod:`blendserve.engines._http_pool`) is retried too, but it
   is not the replica's failure: it does not count towards its breaker.
-* A response body over ``max_response_bytes`` (an upstream that never stops
-  streaming, a runaway completion) fails the attempt as unusable; a forwarded
+* A response body over ``limits.response_bytes`` (an upstream that never
+  stops streaming, a runaway completion) fails the attempt as unusable; a forwarded
   reply is cut off there.
 * Credentials in a base URL (``http://user:password@host/v1``) are sent as
   HTTP basic auth to that replica and never shown: replicas are named by
   their URL without them (``/health``, metrics labels, error messages).
 * Errors: :class:`~blendserve.errors.EngineTimeout` when the call's deadline
-  (``request.timeout`` or the engine's ``timeout``, covering retries) passes;
+  (``request.timeout`` or ``timeouts.call``, covering retries) passes;
   :class:`~blendserve.errors.EngineUnavailable` when retries are exhausted or
   every replica is out; :class:`~blendserve.errors.EngineProtocolError` for
   other statuses and unusable bodies. The httpx2 error is the ``__cause__``.

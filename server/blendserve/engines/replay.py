@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats, UpstreamOutcome
 
@@ -163,6 +163,13 @@ class _Batch:
             if self.free is not None:
                 self._release(need)
 
+    def load(self) -> EngineLoad:
+        """The batch's capacity, the sequences it runs and those waiting for room."""
+        if self.limit is None or self.free is None:
+            return EngineLoad(None, self.stats.sequences_in_flight)
+        waiting = sum(need for need, _ in self.waiting)
+        return EngineLoad(self.limit, self.limit - self.free, waiting)
+
     def _release(self, sequences: int) -> None:
         """Frees ``sequences`` and starts waiting requests, in order, while they fit."""
         assert self.free is not None
@@ -237,6 +244,10 @@ class ReplayEngine(Engine):
         draw from one engine and share its batch and counters.
         """
         return _Rendering(self, kind)
+
+    def load(self) -> EngineLoad:
+        """The modelled batch's load: its capacity, sequences running and waiting."""
+        return self._batch.load()
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with its one healthy upstream."""
@@ -348,6 +359,10 @@ class _Rendering(Engine):
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """The engine's samples, rendered for this view's answer format."""
         return await self.engine.replay(request, self.kind)
+
+    def load(self) -> EngineLoad:
+        """The engine's load."""
+        return self.engine.load()
 
     async def health(self) -> EngineHealth:
         """The engine's health."""

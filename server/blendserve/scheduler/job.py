@@ -50,6 +50,7 @@ from collections.abc import (
 
 from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy
+from blendserve.core.waves import WavePlan
 from blendserve.engines.base import Engine, Sample
 from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import (
@@ -136,6 +137,9 @@ class Job:
         self._cancelled: str | None = None  # why cancel() ended the job
         # task -> (question index, samples requested)
         self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+        waves = spec.max_rounds > 0 and self.policy.plans_waves
+        self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
+        self._rounds = [0] * self._num_questions  # waves each question was sent
 
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests.
@@ -227,6 +231,7 @@ class Job:
         """
         q, n = self._in_flight.pop(task)
         self.sink.in_flight(-n)
+        self.engine.sequences_in_flight -= n
         exc = None if task.cancelled() else task.exception()
         if task.cancelled():
             self._refund(q, n)
@@ -272,7 +277,9 @@ class Job:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
         # Accounted before awaiting: a second cancellation may cut the wait short.
-        self.sink.in_flight(-sum(n for _, n in in_flight.values()))
+        sequences = sum(n for _, n in in_flight.values())
+        self.sink.in_flight(-sequences)
+        self.engine.sequences_in_flight -= sequences
         self._report.end(
             self.status.name.lower(),
             self.spec.budget,
@@ -293,14 +300,45 @@ class Job:
         return min(self.spec.concurrency, max(2, informed))
 
     def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
-        """Fills the free slots one decision at a time; a question chosen k times gets ``n=k``."""
+        """Sends the plan's waves while the engine has room for more than the sample-by-sample
+        limit (:meth:`_dispatch_waves`); else fills the free slots one decision at a time, a
+        question chosen k times getting ``n=k``."""
         policy = self.policy
+        limit = self._in_flight_limit()
+        if self._plan is not None:
+            free = self.engine.load().free
+            if free > limit - policy.num_pending:
+                self._send(self._dispatch_waves(self._plan, free), in_flight)
+                return
         sizes: dict[int, int] = {}
-        for _ in range(self._in_flight_limit() - policy.num_pending):
+        for _ in range(limit - policy.num_pending):
             chosen = policy.select(1)
             if not chosen:
                 break
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
+        for q in sizes:
+            self._rounds[q] += 1
+        self._send(sizes, in_flight)
+
+    def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int]:
+        """The plan's next waves that fit in ``free`` sequences; the rest waits for room."""
+        policy = self.policy
+        sizes: dict[int, int] = {}
+        for q, k in policy.plan_waves(plan, self._rounds).items():
+            if k > free and (sizes or policy.num_pending):
+                break  # the rest waits for room (the engine would queue it)
+            self._rounds[q] += 1  # a question planned none passes its round too
+            sent = policy.assign(q, k)
+            if sent:
+                sizes[q] = sent
+                free -= sent
+        return sizes
+
+    def _send(
+        self, sizes: dict[int, int], in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]
+    ) -> None:
+        """One engine request of ``n = size`` per question (split at the request limit)."""
+        policy = self.policy
         limit = self.spec.max_samples_per_request
         for q, size in sizes.items():
             first = policy.num_assigned[q] - size  # the index of this dispatch's first sample
@@ -312,6 +350,7 @@ class Job:
                 task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
                 self.sink.in_flight(n)
+                self.engine.sequences_in_flight += n
 
     async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
         state = self._states.get(q)

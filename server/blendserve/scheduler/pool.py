@@ -36,6 +36,7 @@ from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.online_rule import OnlineRule
 from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, StoppingRule
 from blendserve.core.votes import VoteState
+from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
 from blendserve.scheduler.ballots import Ballots
@@ -65,6 +66,8 @@ class PoolSpec:
         max_cap: with a quality target, the cap in samples.
         concurrency: samples in flight for the whole pool.
         max_samples_per_request: largest ``n`` of one engine request.
+        max_rounds: waves per question at most (0: no bound): its last wave
+            takes all it is expected to need to reach ``tau``.
         request_timeout: seconds per engine request (None: the engine's default).
         max_consecutive_failures: engine failures in a row that end a question.
     """
@@ -78,18 +81,21 @@ class PoolSpec:
     max_cap: int = 64
     concurrency: int = 64
     max_samples_per_request: int = 16
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
 
     @property
     def online(self) -> OnlineRule:
         """The online rule the pool's questions stop and are paced by."""
-        return OnlineRule(score=self.score, cap=self.cap, target=self.target)
+        return OnlineRule(
+            score=self.score, cap=self.cap, target=self.target, rounds=self.max_rounds
+        )
 
     def rule(self, flatness: Flatness | None = None) -> StoppingRule:
         """The stopping rule of a question; its first wave and cap follow ``flatness``."""
         if self.budget_per_question is None:
-            return StoppingRule(self.score, self.max_cap)
+            return StoppingRule(self.score, self.max_cap, max_rounds=self.max_rounds)
         return self.online.stopping(self.budget_per_question, flatness)
 
     def threshold(self) -> PacedThreshold:
@@ -270,7 +276,7 @@ class Pool:
                     return self._answer(state, partial=True, capped=False)
                 log_tau = threshold.log_tau
                 n = state.votes.num_samples[0]
-                wave = rule.wave_size(*state.votes.state(0), n, log_tau)
+                wave = rule.wave_size(*state.votes.state(0), n, log_tau, state.rounds)
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
@@ -329,6 +335,7 @@ class Pool:
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self._acquire(wave, priority)
         self.sink.in_flight(wave)
+        self.engine.sequences_in_flight += wave
         try:
             sizes = [self.spec.max_samples_per_request] * (
                 wave // self.spec.max_samples_per_request
@@ -345,6 +352,7 @@ class Pool:
             return [s for result in results for s in result]
         finally:
             self.sink.in_flight(-wave)
+            self.engine.sequences_in_flight -= wave
             self._release(wave)
 
     async def _acquire(self, wave: int, priority: float) -> None:

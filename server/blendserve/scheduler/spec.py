@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
+from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
 __all__ = ["DEFAULT_IN_FLIGHT_PER_QUESTION", "JobSpec", "Keyer", "Question", "RequestSettings"]
@@ -66,6 +67,9 @@ class JobSpec:
             (the latency trade-off: more is fewer rounds, fewer is decisions
             closer to the sequential policy's; see :class:`Job`).
         max_samples_per_request: largest ``n`` of one engine request.
+        max_rounds: with a policy that plans waves and an engine with room,
+            the job goes in waves of at most this many rounds per question
+            (0: always sample by sample; see :class:`Job`).
         seed: seeds the policy's tie-break.
         request_timeout: seconds per engine request (None: the engine's default).
         max_consecutive_failures: engine failures in a row that end the job.
@@ -84,6 +88,7 @@ class JobSpec:
     concurrency: int = 64
     in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
     max_samples_per_request: int = 16
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     seed: int = 0
     request_timeout: float | None = None
     max_consecutive_failures: int = 8

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.core.stopping import DEFAULT_CAP
+from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.connections import ConnectionTimeouts
@@ -198,14 +199,13 @@ class Settings(BaseSettings):
             upstreams=self.upstreams,
             model=self.model,
             api_key=self.upstream_api_key,
-            timeout=self.upstream_timeout,
+            timeouts=Timeouts(call=self.upstream_timeout, stall=self.upstream_stall_timeout),
+            limits=Limits(response_bytes=self.upstream_max_response_bytes),
+            retry=RetryPolicy(max_retry_after=self.job_failure_timeout),
             data=self.data,
             embedded_model=self.embedded_model,
             model_cache_dir=self.model_cache_dir,
             vllm_model=self.vllm_model,
             session_header=self.session_header,
-            stall_timeout=self.upstream_stall_timeout,
             replay_latency=self.replay_latency_s,
-            max_response_bytes=self.upstream_max_response_bytes,
-            max_retry_after=self.job_failure_timeout,
         )

@@ -73,7 +73,9 @@ def run_online(
         log_taus[i] = pace.log_tau
         question_rule = rule.stopping(budget_per_question, flatness)
         keys: list[int] = []
-        while m := question_rule.wave_size(*votes.state(q), votes.num_samples[q], pace.log_tau):
+        while m := question_rule.wave_size(
+            *votes.state(q), votes.num_samples[q], pace.log_tau, int(rounds[i])
+        ):
             rounds[i] += 1
             before = votes.num_samples[q]
             for _ in range(m):

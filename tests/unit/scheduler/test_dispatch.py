@@ -68,7 +68,8 @@ def test_every_question_is_sampled_before_any_twice_and_every_one_is_answered(
     )
     questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
     budget = num_questions + extra
-    spec = JobSpec(questions, budget=budget, concurrency=concurrency)
+    # Sample by sample (waves: test_waves.py).
+    spec = JobSpec(questions, budget=budget, concurrency=concurrency, max_rounds=0)
     job = engine.job = Job(spec, engine, last_word)
     events = _run(job)
     answers = [e for e in events if isinstance(e, AnswerEvent)]

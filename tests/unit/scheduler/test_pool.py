@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 from blendserve.answers import extract
 from blendserve.core.flatness import Flatness
-from blendserve.engines.base import SamplingParams
+from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, Question
@@ -75,7 +75,8 @@ def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
 
 def test_a_quality_target_stops_each_question_at_its_confidence() -> None:
     engine = ReplayEngine(_records(30, seed=2), seed=3)
-    pool = Pool(PoolSpec(budget_per_question=None, target=0.01), engine, _keyer)
+    spec = PoolSpec(budget_per_question=None, target=0.01, max_rounds=0)  # no bound on waves
+    pool = Pool(spec, engine, _keyer)
 
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(30))))
@@ -83,6 +84,34 @@ def test_a_quality_target_stops_each_question_at_its_confidence() -> None:
     for answer in run_coroutine(ask()):
         assert answer.settled_early == (answer.confidence.asc <= 0.01)
         assert answer.settled_early or answer.samples == 64
+
+
+class _CountingEngine(ReplayEngine):
+    """Counts the engine requests of each question."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests_per_question: Counter[str | None] = Counter()
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        self.requests_per_question[request.question_id] += 1
+        return await super().replay(request, kind)
+
+
+def test_each_question_takes_at_most_max_rounds_waves() -> None:
+    engine = _CountingEngine(_records(40, seed=4), seed=5)
+    pool = Pool(PoolSpec(budget_per_question=6.0, max_rounds=3), engine, _keyer)
+
+    async def ask() -> list[AnswerEvent]:
+        return list(await asyncio.gather(*(pool.submit(_question(i)) for i in range(40))))
+
+    answers = run_coroutine(ask())
+    assert len(answers) == 40 and all(a.samples >= 1 for a in answers)
+    assert max(engine.requests_per_question.values()) <= 3
+    unbounded = _CountingEngine(_records(40, seed=4), seed=5)
+    pool = Pool(PoolSpec(budget_per_question=6.0, max_rounds=0), unbounded, _keyer)
+    run_coroutine(ask())
+    assert max(unbounded.requests_per_question.values()) > 3  # the bound is what held it
 
 
 def test_first_waves_go_before_top_ups_within_the_concurrency() -> None:

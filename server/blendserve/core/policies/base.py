@@ -7,10 +7,11 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from blendserve.core.uncertainty import ppr_log_uncertainty
 from blendserve.core.votes import VoteState
+from blendserve.core.waves import WavePlan
 
 __all__ = ["AllocationPolicy"]
 
@@ -60,6 +61,8 @@ class AllocationPolicy(ABC):
     _has_stopping_rule: bool = False
     #: Whether its choices depend on the total budget (the simulator then runs it per budget).
     budget_aware: bool = False
+    #: Whether it plans waves (``plan_waves``): a job on an engine with room sends them.
+    plans_waves: bool = False
 
     def __init__(
         self,
@@ -188,6 +191,34 @@ class AllocationPolicy(ABC):
             for q in chosen:
                 self._clear(q, _CHOSEN)
         return chosen
+
+    def plan_waves(self, plan: WavePlan, rounds: Sequence[int]) -> dict[int, int]:
+        """The next wave of each question with none in flight (question -> samples), by ``plan``.
+
+        Only for a policy with ``plans_waves``; ``rounds``: waves each question has had.
+        """
+        raise NotImplementedError(f"{self.name} does not plan waves")
+
+    def assign(self, q: int, k: int) -> int:
+        """Dispatches up to ``k`` samples of ``q`` chosen by a plan, not by the ranking.
+
+        For a wave plan (:class:`~blendserve.core.waves.WavePlan`): the budget
+        is charged as by :meth:`select`, never beyond it, and never for a
+        finished question.
+
+        Returns:
+            The samples dispatched (0 when ``q`` is finished or the budget is out).
+        """
+        k = min(k, self.budget - self.num_dispatched)
+        if k <= 0 or self._flags[q] & _FINISHED:
+            return 0
+        if self._flags[q] == 0:
+            self._on_selectable(q, False)
+        self._flags[q] |= _CHOSEN  # out of the selectable set while it is dispatched
+        for _ in range(k):
+            self._dispatch(q)
+        self._clear(q, _CHOSEN)
+        return k
 
     def observe(self, q: int, key: Hashable | None) -> None:
         """Records a completed sample of ``q`` with canonical answer ``key``.

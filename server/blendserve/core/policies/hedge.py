@@ -18,12 +18,14 @@ A budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 from blendserve.core.flatness import PROBE, cap_multiple, floor_share
 from blendserve.core.policies.priority import PriorityPolicy
+from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.uncertainty import asc_log_uncertainty
+from blendserve.core.waves import WavePlan
 
 __all__ = ["DEFAULT_STOP", "HedgePolicy"]
 
@@ -51,6 +53,7 @@ class HedgePolicy(PriorityPolicy):
     name = "hedge"
     _has_stopping_rule = True
     budget_aware = True
+    plans_waves = True
 
     def __init__(
         self,
@@ -107,6 +110,63 @@ class HedgePolicy(PriorityPolicy):
         while m < left and asc_log_uncertainty(n1 + m, n2) > self._log_stop:
             m += 1
         return min(m, left)
+
+    def plan_waves(self, plan: WavePlan, rounds: Sequence[int]) -> dict[int, int]:
+        """The next wave of each question with none in flight: question -> samples.
+
+        First every question's first wave; once all of them are back (the
+        batch's flatness sets the floor and the cap), the remaining budget
+        split by :meth:`WavePlan.allocate` over the open questions, each
+        sending its step of it. A question that has had ``plan.max_rounds``
+        waves is stopped. A question with none in flight that is sure enough
+        for now is planned 0 samples: its round passes. Empty: nothing to
+        send until samples in flight come back (or nothing at all).
+
+        Args:
+            plan: the wave plan.
+            rounds: waves each question has had.
+        """
+        mean = self.budget / self.num_questions
+        if self.disagreement is None:
+            first = plan.first_wave(mean)
+            return {
+                q: first
+                for q in range(self.num_questions)
+                if self.num_assigned[q] == 0 and not self.is_finished(q)
+            }
+        votes = self.votes
+        cap = round((self.cap or DEFAULT_CAP) * mean)
+        open_questions = []
+        for q in range(self.num_questions):
+            if self.is_finished(q):
+                continue
+            if rounds[q] >= plan.max_rounds and not self.num_pending_of[q]:
+                self.stop(q)
+                continue
+            open_questions.append(q)
+        if not open_questions or self.num_remaining <= 0:
+            return {}
+        observed = votes.num_samples
+        needs, log_tau = plan.allocate(
+            [(votes.n1[q], votes.n2[q], observed[q]) for q in open_questions],
+            [self.num_pending_of[q] for q in open_questions],
+            [
+                max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
+                for q in open_questions
+            ],
+            [max(0, self._floor - observed[q]) for q in open_questions],
+            self.num_remaining,
+            self._log_stop,
+        )
+        sizes = {}
+        for q, need in zip(open_questions, needs, strict=True):
+            if self.num_pending_of[q]:
+                continue
+            k = plan.step(
+                need, votes.n1[q], votes.n2[q], observed[q], log_tau, plan.max_rounds - rounds[q]
+            )
+            sizes[q] = max(0, k)
+        return sizes
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
         super()._on_vote(q, key, selectable)

@@ -1,0 +1,210 @@
+"""A few large waves instead of many small steps: how many samples each question gets next.
+
+An engine runs a request of ``n`` samples in about the time of one, up to its
+capacity, so what the caller waits for is the number of *rounds* (requests
+one after another) a question needs, not its samples. Deciding one sample at
+a time costs dozens of rounds; this plan decides in a few:
+
+1. a first wave of :meth:`WavePlan.first_wave` samples for every question;
+2. each later wave sized from what the votes so far show: a question's
+   leading two answers give its estimated shares ``p1 > p2``, and so the ASC
+   uncertainty ``P[p1 < p2]`` it is *expected* to have after ``j`` more
+   samples. A batch gives its remaining budget to the (question, ``j``)
+   slots of largest expected uncertainty (ASC's ranking, looked ahead: a
+   threshold ``tau`` on the expected uncertainty, the budget's Lagrange
+   multiplier); a stream stops at its paced ``tau``. Either way a question's
+   wave is the samples it is expected to need to reach ``tau``;
+3. a wave that is not the question's last sends only ``step_share`` of that
+   need (and never more than a unanimous question would need to stop there),
+   so the next round re-plans with more votes; the last round sends all of
+   it, and ``max_rounds`` bounds the rounds of every question.
+
+Pure and vectorised; the scheduler's jobs and pools and the simulator's wave
+runs share it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import special
+
+from blendserve.core.flatness import PROBE
+
+__all__ = ["DEFAULT_MAX_ROUNDS", "WavePlan", "expected_log_uncertainty"]
+
+#: Rounds (engine requests one after another) a question gets at most, by default.
+DEFAULT_MAX_ROUNDS = 4
+
+# The shares p1, p2 are estimated with this many pseudo-votes each (a
+# unanimous question is not taken as certain).
+_PSEUDO = 0.5
+# A row of expected uncertainties covers at most this many further samples.
+_MAX_ROW = 1024
+
+
+@lru_cache(maxsize=1 << 14)
+def _row(n1: int, n2: int, num_samples: int, length: int) -> NDArray[np.float64]:
+    """Expected log ASC uncertainty after ``j = 0 .. length - 1`` further samples."""
+    total = num_samples + 2 * _PSEUDO
+    p1 = (n1 + _PSEUDO) / total
+    p2 = (n2 + _PSEUDO) / total
+    j = np.arange(length, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        row = np.log(special.betainc(n1 + 1.0 + j * p1, n2 + 1.0 + j * p2, 0.5))
+    row = np.minimum.accumulate(row)
+    row.flags.writeable = False
+    return row
+
+
+def expected_log_uncertainty(n1: int, n2: int, num_samples: int, further: int) -> float:
+    """Log ASC ``P[p1 < p2]`` expected after ``further`` more samples, at the estimated shares."""
+    return float(_row(n1, n2, num_samples, further + 1)[further])
+
+
+def _need(row: NDArray[np.float64], log_tau: float) -> int:
+    """Further samples after which the expected uncertainty is at most ``log_tau``."""
+    return int(np.count_nonzero(row > log_tau))
+
+
+def _optimistic(n1: int, n2: int, log_tau: float, limit: int) -> int:
+    """Further samples after which the question *could* be at ``log_tau`` (all for the leader)."""
+    j = np.arange(limit, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        row = np.log(special.betainc(n1 + 1.0 + j, n2 + 1.0, 0.5))
+    return int(np.count_nonzero(row > log_tau))
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """How a question's samples are split into a few waves.
+
+    Attributes:
+        max_rounds: waves per question at most (its last wave sends all it
+            is expected to need).
+        first_share: the first wave, as a share of the mean budget per
+            question (at least :data:`~blendserve.core.flatness.PROBE`
+            samples, so the batch's flatness is known after it).
+        step_share: a wave that is not the question's last sends this share of
+            what the question is expected to need.
+    """
+
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    first_share: float = 0.35
+    step_share: float = 0.5
+    growth: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be at least 1, got {self.max_rounds}")
+        if not 0.0 < self.first_share <= 1.0 or not 0.0 < self.step_share <= 1.0:
+            raise ValueError("first_share and step_share must be in (0, 1]")
+
+    def first_wave(self, budget_per_question: float) -> int:
+        """Samples of every question's first wave (all of them with one round only)."""
+        if self.max_rounds == 1:
+            return max(1, math.floor(budget_per_question))
+        wave = max(PROBE, round(self.first_share * budget_per_question))
+        return max(1, min(wave, math.floor(budget_per_question)))
+
+    def wave(
+        self,
+        n1: int,
+        n2: int,
+        num_samples: int,
+        log_tau: float,
+        *,
+        limit: int,
+        rounds_left: int,
+    ) -> int:
+        """Samples to send next for one question of a stream, paced at ``log_tau`` (0: done).
+
+        Args:
+            n1: votes of the leading answer.
+            n2: votes of the runner-up.
+            num_samples: samples observed (abstentions included).
+            log_tau: the stopping threshold on ASC's uncertainty, in log space.
+            limit: further samples the question may take (its cap left).
+            rounds_left: waves it may still take, this one included.
+        """
+        if limit <= 0 or rounds_left <= 0:
+            return 0
+        need = _need(_row(n1, n2, num_samples, min(limit, _MAX_ROW)), log_tau)
+        # A stream's tau is paced: a last wave of all a contested question is
+        # expected to need would take samples the pacing then takes from others.
+        grown = max(1, math.ceil(self.growth * num_samples))
+        return min(grown, self._step(need, n1, n2, num_samples, log_tau, rounds_left))
+
+    def allocate(
+        self,
+        states: Sequence[tuple[int, int, int]],
+        pending: Sequence[int],
+        limits: Sequence[int],
+        floors: Sequence[int],
+        budget: int,
+        log_stop: float = -math.inf,
+    ) -> tuple[list[int], float]:
+        """Splits a batch's remaining ``budget`` between its open questions.
+
+        Args:
+            states: ``(n1, n2, samples observed)`` of each open question.
+            pending: its samples in flight.
+            limits: further samples it may take beyond those observed (its cap left).
+            floors: further samples it gets first, whatever its votes (a uniform floor).
+            budget: samples not yet dispatched.
+            log_stop: no sample is bought for a question expected to be at
+                most this uncertain already (the budget is a ceiling).
+
+        Returns:
+            Each question's expected need beyond its samples in flight, and the
+            ``log tau`` at which the budget runs out (``log_stop`` when it does not).
+        """
+        floor_need = [
+            max(0, min(f, lim) - p) for f, p, lim in zip(floors, pending, limits, strict=True)
+        ]
+        left = budget - sum(floor_need)
+        rows = []
+        starts = []
+        for (n1, n2, n), p, f, lim in zip(states, pending, floor_need, limits, strict=True):
+            rows.append(_row(n1, n2, n, max(1, min(lim, _MAX_ROW))))
+            starts.append(min(p + f, lim))
+        log_tau = log_stop
+        if left > 0:
+            slots = [row[s:lim] for row, s, lim in zip(rows, starts, limits, strict=True)]
+            values = np.concatenate(slots) if slots else np.zeros(0)
+            values = values[values > log_stop]
+            if values.size > left:
+                log_tau = float(-np.partition(-values, left)[left])
+        else:
+            log_tau = math.inf
+        needs = []
+        for row, s, f, lim in zip(rows, starts, floor_need, limits, strict=True):
+            extra = int(np.count_nonzero(row[s:lim] > log_tau))
+            needs.append(f + extra)
+        return needs, log_tau
+
+    def reach(self, num_samples: int, rounds_left: int) -> int:
+        """Samples a question holding ``num_samples`` can reach in ``rounds_left`` waves."""
+        return math.ceil(max(1, num_samples) * (1.0 + self.growth) ** max(0, rounds_left))
+
+    def step(
+        self, need: int, n1: int, n2: int, num_samples: int, log_tau: float, rounds_left: int
+    ) -> int:
+        """The wave sent of ``need``: all of it in a question's last round, else a share."""
+        return self._step(need, n1, n2, num_samples, log_tau, rounds_left)
+
+    def _step(
+        self, need: int, n1: int, n2: int, num_samples: int, log_tau: float, rounds_left: int
+    ) -> int:
+        if need <= 0:
+            return 0
+        grown = max(1, math.ceil(self.growth * num_samples))
+        if rounds_left <= 1:
+            return need
+        share = max(1, math.ceil(self.step_share * need))
+        return min(need, max(min(share, grown), _optimistic(n1, n2, log_tau, need)))

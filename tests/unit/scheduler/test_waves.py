@@ -1,0 +1,103 @@
+"""A job on an engine with room goes in a few waves; on a busy one, sample by sample."""
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+from blendserve.engines.base import GenerateRequest, Sample
+from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
+from blendserve.sim import run_virtual
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.fake_engine import last_word
+
+
+class WaveEngine(ReplayEngine):
+    """Replay engine with the wave latency model, recording when each question's requests start."""
+
+    def __init__(self, records: list[dict[str, Any]], capacity: int, seed: int = 0) -> None:
+        latency = LatencyModel(fixed=1.0, max_concurrent_sequences=capacity)
+        super().__init__(records, seed=seed, latency=latency, answer_kind="exact")
+        self.starts: dict[str, set[float]] = {}
+        self.first_wave_violations = 0
+        self.job: Job | None = None
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        now = asyncio.get_running_loop().time()
+        starts = self.starts.setdefault(str(request.question_id), set())
+        later = starts and now not in starts
+        if later and self.job is not None and min(self.job.policy.num_assigned) == 0:
+            self.first_wave_violations += 1  # a second wave before every first one
+        starts.add(now)
+        return await super().replay(request, kind)
+
+
+def _records(num_questions: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {"id": f"q{i}", "answers": [rng.choice("aab" if i % 3 else "abc") for _ in range(8)]}
+        for i in range(num_questions)
+    ]
+
+
+def _run(job: Job) -> tuple[list[Any], float]:
+    async def events() -> list[Any]:
+        return [event async for event in job.events()]
+
+    return run_virtual(events())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_questions=st.integers(1, 48),
+    per_question=st.integers(1, 24),
+    capacity=st.sampled_from([64, 256, 4096]),
+    max_rounds=st.integers(1, 5),
+    seed=st.integers(0, 3),
+)
+def test_a_lone_job_takes_at_most_max_rounds_waves_per_question_and_accounts_every_sample(
+    num_questions: int, per_question: int, capacity: int, max_rounds: int, seed: int
+) -> None:
+    records = _records(num_questions, seed)
+    engine = WaveEngine(records, capacity, seed)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    budget = num_questions * per_question
+    spec = JobSpec(questions, budget=budget, max_rounds=max_rounds, seed=seed)
+    job = engine.job = Job(spec, engine, last_word)
+    events, _ = _run(job)
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.spent <= budget
+    assert sorted(a.index for a in answers) == list(range(num_questions))
+    assert engine.stats.samples == done.spent == sum(a.samples for a in answers)
+    assert max(len(s) for s in engine.starts.values()) <= max_rounds
+    assert engine.first_wave_violations == 0
+    assert engine.sequences_in_flight == 0
+
+
+def test_on_an_idle_engine_a_job_ends_in_a_few_waves_where_sample_by_sample_takes_many() -> None:
+    records = _records(64, seed=1)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    wall = {}
+    for rounds in (4, 0):
+        engine = WaveEngine(records, capacity=1024)
+        job = Job(JobSpec(questions, budget=64 * 10, max_rounds=rounds), engine, last_word)
+        events, wall[rounds] = _run(job)
+        assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64
+    assert wall[4] <= 4.0 + 1e-9
+    assert wall[0] >= 3 * wall[4]
+
+
+def test_a_busy_engine_keeps_the_job_sample_by_sample() -> None:
+    """With no room beyond the job's own in-flight limit, no wave of the plan is sent."""
+    records = _records(64, seed=2)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    engine = WaveEngine(records, capacity=8)
+    job = Job(JobSpec(questions, budget=64 * 6, max_rounds=4), engine, last_word)
+    _run(job)
+    sizes = Counter(len(s) for s in engine.starts.values())
+    assert max(sizes) > 4  # rounds are not bounded: samples, not waves, bound the job
+    assert engine.stats.max_sequences_in_flight <= 8
