@@ -79,6 +79,9 @@ class SolveOptions(_Options):
     in_flight_per_question: float | None = Field(
         None, description="samples in flight per open question"
     )
+    max_rounds: int | None = Field(
+        None, description="waves per question at most (0: sample by sample)"
+    )
 
     @field_validator("answer", mode="before")
     @classmethod
@@ -109,6 +112,7 @@ class SolveFields(TypedDict, total=False):
     settle_delta: float | None
     concurrency: int | None
     in_flight_per_question: float | None
+    max_rounds: int | None
 
 
 def solve_options(options: SolveOptions | None, fields: Mapping[str, object]) -> SolveOptions:

@@ -186,7 +186,8 @@ def test_bad_requests_are_422_with_the_field(
 def test_confidence_stops_each_question_at_the_target_or_its_cap(
     server: LiveServer, engine: ReplayEngine
 ) -> None:
-    response = _solve(server.url, confidence=0.99, max_samples_per_question=40)
+    # Without a bound on waves (max_rounds 0), a question ends at the target or its cap only.
+    response = _solve(server.url, confidence=0.99, max_samples_per_question=40, max_rounds=0)
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "completed"

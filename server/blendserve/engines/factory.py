@@ -43,6 +43,9 @@ class EngineConfig:
         vllm_args: further ``AsyncEngineArgs`` fields.
         session_header: header carrying the question id upstream (session routing).
         replay_latency: seconds each replay request takes.
+        replay_capacity: sequences the replay engine runs at once (None: unlimited).
+        replay_per_token_latency: seconds per completion token of a replay request.
+        capacity: sequences the engine runs at once (None: the engine's own, if it knows).
     """
 
     kind: EngineKind = "auto"
@@ -59,6 +62,9 @@ class EngineConfig:
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     session_header: str | None = None
     replay_latency: float = 0.0
+    replay_capacity: int | None = None
+    replay_per_token_latency: float = 0.0
+    capacity: int | None = None
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -82,6 +88,13 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
         ValueError: the settings do not fit the engine (e.g. replay without data).
         EngineUnavailable: the engine cannot start (missing package or model).
     """
+    engine = await _build(config, sink)
+    if config.capacity is not None:
+        engine.capacity = config.capacity
+    return engine
+
+
+async def _build(config: EngineConfig, sink: Stats) -> Engine:
     kind = config.resolved_kind()
     if kind == "openai":
         if not config.upstreams:
@@ -104,7 +117,11 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
             raise ValueError("the replay engine needs --data FILE.jsonl")
         from blendserve.engines.replay import LatencyModel, ReplayEngine
 
-        latency = LatencyModel(fixed=config.replay_latency)
+        latency = LatencyModel(
+            fixed=config.replay_latency,
+            per_token=config.replay_per_token_latency,
+            max_concurrent_sequences=config.replay_capacity,
+        )
         return ReplayEngine(config.data, latency=latency, sink=sink)
     if kind == "vllm":
         if config.vllm_model is None:

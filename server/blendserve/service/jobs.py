@@ -15,6 +15,7 @@ from blendserve import answers
 from blendserve.answers import AnswerKeys, AnswerKind
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
+from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import Job, JobSpec, Keyer, Question
@@ -36,6 +37,8 @@ class AskedOptions(Protocol):
     def answer(self) -> AnswerFormat | None: ...
     @property
     def settle_delta(self) -> float | None: ...
+    @property
+    def max_rounds(self) -> int | None: ...
 
 
 __all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions"]
@@ -47,6 +50,7 @@ class JobDefaults:
 
     concurrency: int = 64
     in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     request_timeout: float | None = None
     failure_timeout: float = 5.0
 
@@ -56,6 +60,7 @@ class JobDefaults:
         return cls(
             concurrency=settings.default_concurrency,
             in_flight_per_question=settings.default_in_flight_per_question,
+            max_rounds=settings.default_max_rounds,
             request_timeout=settings.upstream_timeout,
             failure_timeout=settings.job_failure_timeout,
         )
@@ -73,6 +78,7 @@ class JobOptions:
     model: str | None = None
     concurrency: int | None = None
     in_flight_per_question: float | None = None
+    max_rounds: int | None = None
 
     @classmethod
     def asked(
@@ -98,6 +104,7 @@ class JobOptions:
             model=model,
             concurrency=concurrency,
             in_flight_per_question=in_flight_per_question,
+            max_rounds=base.max_rounds if asked.max_rounds is None else asked.max_rounds,
         )
 
     def key(self) -> str:
@@ -143,6 +150,7 @@ class JobMaker:
             concurrency=options.concurrency or defaults.concurrency,
             in_flight_per_question=options.in_flight_per_question
             or defaults.in_flight_per_question,
+            max_rounds=defaults.max_rounds if options.max_rounds is None else options.max_rounds,
             request_timeout=defaults.request_timeout,
             failure_timeout=defaults.failure_timeout,
         )
@@ -169,6 +177,9 @@ class JobMaker:
             cap=cap,
             max_cap=max_cap,
             concurrency=options.concurrency or self.defaults.concurrency,
+            max_rounds=self.defaults.max_rounds
+            if options.max_rounds is None
+            else options.max_rounds,
             request_timeout=self.defaults.request_timeout,
         )
         engine, keyer = self._parts(options)

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.core.stopping import DEFAULT_CAP
+from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
@@ -65,6 +66,25 @@ class Settings(BaseSettings):
         DEFAULT_IN_FLIGHT_PER_QUESTION,
         gt=0,
         description="samples in flight per open question of a job",
+    )
+    default_max_rounds: int = Field(
+        DEFAULT_MAX_ROUNDS,
+        ge=0,
+        le=64,
+        description="waves per question at most, where the engine has room (0: sample by sample)",
+    )
+    engine_capacity: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="sequences the engine runs at once (vLLM's max_num_seqs); with it, a job "
+        "on an engine with room goes in a few waves (the replay engine knows its own)",
+    )
+    replay_capacity: int | None = Field(
+        None, ge=1, le=1_000_000, description="replay engine: sequences it runs at once"
+    )
+    replay_per_token_latency_s: float = Field(
+        0.0, ge=0, le=10, description="replay engine: seconds per completion token"
     )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="/v1: mean samples per question")
@@ -208,4 +228,7 @@ class Settings(BaseSettings):
             vllm_model=self.vllm_model,
             session_header=self.session_header,
             replay_latency=self.replay_latency_s,
+            replay_capacity=self.replay_capacity,
+            replay_per_token_latency=self.replay_per_token_latency_s,
+            capacity=self.engine_capacity,
         )

@@ -71,6 +71,12 @@ class BlendserveOptions(RequestModel):
     )
     answer: AnswerFormat | None = None
     settle_delta: float | None = Field(None, ge=0, lt=1)
+    max_rounds: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="waves per question at most (0: sample by sample; default: the server's)",
+    )
     confidence: float | None = Field(
         None,
         gt=0.5,

@@ -123,6 +123,16 @@ class SolveRequest(RequestModel):
             "rounds, fewer means decisions closer to the sequential policy's"
         ),
     )
+    max_rounds: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description=(
+            "waves per question at most (default 4): a job on an engine with room sends a "
+            "few large requests, each question's last taking all it is expected to need; "
+            "0: sample by sample (more rounds, the sequential policy's decisions)"
+        ),
+    )
     confidence: float | None = Field(
         None,
         gt=0.5,
