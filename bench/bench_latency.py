@@ -11,7 +11,7 @@ the default (waves, ``max_rounds`` 4) and today's sample-by-sample default
 (``max_rounds=0``) we search the least budget per question (in half samples)
 whose error, over ``--reps`` seeds, reaches SC@32's, and report there: the
 samples per question, the waves of a job (mean), and its rounds per question
-(p50/p95).
+(p50/p95: the distinct times its requests started).
 
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
     [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4]
@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from blendserve.answers import make_keyer
+from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.sim.clock import run_virtual
-from records import Record, StreamEngine, load, percentiles, synthetic_records
+from records import Record, StreamEngine, load, percentiles, question_key, synthetic_records
 
 TARGET = 32
 STEP = 0.5
@@ -47,11 +48,21 @@ class Run:
     rounds: tuple[float, float]  # per question, p50 and p95
 
 
-def _engine(records: list[Record], seed: int, capacity: int) -> StreamEngine:
-    return StreamEngine(records, seed, LatencyModel(fixed=1.0, max_concurrent_sequences=capacity))
+class _WaveEngine(StreamEngine):
+    """The answer streams under the wave latency model, keeping when each question's requests
+    started: requests of one wave (a wave split at ``max_samples_per_request``) start together."""
+
+    def __init__(self, records: list[Record], seed: int, capacity: int) -> None:
+        super().__init__(records, seed, LatencyModel(fixed=1.0, max_concurrent_sequences=capacity))
+        self.starts: dict[str, set[float]] = {}
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        now = asyncio.get_running_loop().time()
+        self.starts.setdefault(question_key(request), set()).add(now)
+        return await super().replay(request, kind)
 
 
-async def _job(records: list[Record], engine: StreamEngine, **spec: Any) -> tuple[int, int]:
+async def _job(records: list[Record], engine: _WaveEngine, **spec: Any) -> tuple[int, int]:
     questions = [Question(id=r.id, prompt=r.id) for r in records]
     job = Job(
         JobSpec(questions=questions, **spec), engine.rendering("exact"), make_keyer("exact", None)
@@ -65,7 +76,7 @@ async def _job(records: list[Record], engine: StreamEngine, **spec: Any) -> tupl
     return wrong, spent
 
 
-async def _sc(records: list[Record], engine: StreamEngine) -> tuple[int, int]:
+async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int]:
     spec = JobSpec(questions=[Question("0")], budget=1)
     view = engine.rendering("exact")
     replies = await asyncio.gather(
@@ -96,7 +107,7 @@ def measure(
     rounds: list[int] = []
     for seed in range(reps):
         for records in jobs:
-            engine = _engine(records, seed, capacity)
+            engine = _WaveEngine(records, seed, capacity)
             if b is None:
                 (w, s), seconds = run_virtual(_sc(records, engine))
             else:
@@ -107,7 +118,7 @@ def measure(
             wrong += w
             spent += s
             waves.append(seconds)
-            rounds += [engine.requests_per_question[r.id] for r in records]
+            rounds += [len(engine.starts.get(r.id, ())) for r in records]
     n = reps * sum(len(j) for j in jobs)
     p50, p95 = percentiles(rounds)
     return Run(wrong / n, spent / n, statistics.fmean(waves), (p50, p95))

@@ -59,9 +59,10 @@ def test_chat_content_is_a_sample_with_the_voted_answer(
     assert reply.object == "chat.completion" and len(reply.choices) == 1
     content = reply.choices[0].message.content
     assert content is not None and extract(content, "number") == vote["answer"]
-    # Online stopping (the default): a contested question runs to its cap, 16 + 48.
+    # Online stopping (the default): a contested question runs to its cap, 16 + 48, or
+    # to its last wave (max_rounds); one that settled stopped below the cap.
     assert vote["samples"] == sum(vote["votes"].values()) == engine.stats.samples
-    assert 16 <= vote["samples"] <= 64 and vote["settled_early"] == (vote["samples"] < 64)
+    assert 16 <= vote["samples"] <= 64 and (vote["samples"] < 64 or not vote["settled_early"])
     assert max(vote["votes"], key=vote["votes"].__getitem__) == vote["answer"]
     assert 0 <= vote["confidence"]["asc"] <= 0.5
     usage = reply.usage
