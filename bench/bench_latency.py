@@ -1,20 +1,27 @@
-"""Wall time in waves: one job alone on an idle engine, against SC@32 sent as ``n=32`` in one wave.
+"""Wall time in waves: jobs on the replay engine's wave model, against SC@32 sent as ``n=32``.
 
 The replay engine runs the wave latency model: every request takes one
-modelled second whatever its ``n`` and holds ``n`` of the engine's ``C``
-sequences (``--capacity``), so the modelled seconds are waves. For each set
-(synthetic families and, given a data folder, the recorded sets), jobs of
-``--sizes`` questions run one at a time through the real
+modelled second whatever its ``n`` (plus, with ``--per-token``, that many
+seconds per token of its longest sample, lengths drawn from the log-normal
+:data:`LENGTH` fitted to the embedded model's GSM8K answers) and holds ``n``
+of the engine's ``C`` sequences (``--capacity``), so the modelled seconds
+are waves. Sets: synthetic families and, given a data folder, the recorded
+sets; jobs of ``--sizes`` questions through the real
 :class:`~blendserve.scheduler.Job` on a virtual clock. SC@32 is every
-question's ``n=32`` request sent at once on the same engine and voted. For
-the default (waves, ``max_rounds`` 4) and today's sample-by-sample default
-(``max_rounds=0``) we search the least budget per question (in half samples)
-whose error, over ``--reps`` seeds, reaches SC@32's, and report there: the
-samples per question, the waves of a job (mean), and its rounds per question
-(p50/p95: the distinct times its requests started).
+question's ``n=32`` request sent at once on the same engine and voted.
+
+Two tables. **Idle**: each job alone on the engine. For the default (waves,
+``max_rounds`` 4) and the sample-by-sample default (``max_rounds=0``) we
+search the least budget per question (in half samples) whose error, over
+``--reps`` seeds, reaches SC@32's, and report there the samples and tokens
+per question, the waves of a job (mean) and its rounds per question (p50/p95:
+the distinct times its requests started). **Load** (``--load``): every job
+of a set at once on one engine (the engine full), the modelled seconds until
+the last answer, and the throughput (questions a second) against SC@32's.
 
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
-    [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4]
+    [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4] [--load]
+    [--per-token 0]
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from records import Record, StreamEngine, load, percentiles, question_key, synth
 
 TARGET = 32
 STEP = 0.5
+#: Log-normal ``(mu, sigma)`` of completion tokens: the embedded model's GSM8K answers.
+LENGTH = (5.0, 0.5)
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,8 @@ class Run:
 
     error: float
     samples: float  # per question
-    waves: float  # per job, mean
+    tokens: float  # completion tokens per question
+    seconds: float  # per job (idle) or per set (load), mean
     rounds: tuple[float, float]  # per question, p50 and p95
 
 
@@ -52,8 +62,11 @@ class _WaveEngine(StreamEngine):
     """The answer streams under the wave latency model, keeping when each question's requests
     started: requests of one wave (a wave split at ``max_samples_per_request``) start together."""
 
-    def __init__(self, records: list[Record], seed: int, capacity: int) -> None:
-        super().__init__(records, seed, LatencyModel(fixed=1.0, max_concurrent_sequences=capacity))
+    def __init__(self, records: list[Record], seed: int, capacity: int, per_token: float) -> None:
+        latency = LatencyModel(
+            fixed=1.0, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
+        )
+        super().__init__(records, seed, latency)
         self.starts: dict[str, set[float]] = {}
 
     async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
@@ -62,77 +75,100 @@ class _WaveEngine(StreamEngine):
         return await super().replay(request, kind)
 
 
-async def _job(records: list[Record], engine: _WaveEngine, **spec: Any) -> tuple[int, int]:
+async def _job(records: list[Record], engine: _WaveEngine, **spec: Any) -> tuple[int, int, int]:
+    """(wrong answers, samples, completion tokens) of one job."""
     questions = [Question(id=r.id, prompt=r.id) for r in records]
-    job = Job(
-        JobSpec(questions=questions, **spec), engine.rendering("exact"), make_keyer("exact", None)
-    )
-    wrong = spent = 0
+    keyer = make_keyer("exact", None)
+    job = Job(JobSpec(questions=questions, **spec), engine.rendering("exact"), keyer)
+    wrong = spent = tokens = 0
     async for event in job.events():
         if isinstance(event, AnswerEvent):
             wrong += event.answer != records[event.index].mode
         elif isinstance(event, DoneEvent):
-            spent = event.spent
-    return wrong, spent
+            spent, tokens = event.spent, event.usage.completion_tokens
+    return wrong, spent, tokens
 
 
-async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int]:
+def _leader(samples: list[Sample]) -> str | None:
+    """The plurality answer, ties to the first to reach the top count (as the vote state)."""
+    top = max(Counter(s.text for s in samples).values())
+    seen: Counter[str] = Counter()
+    for sample in samples:
+        seen[sample.text] += 1
+        if seen[sample.text] == top:
+            return sample.text
+    return None
+
+
+async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int, int]:
+    """SC@32: each question's ``n=32`` request, all at once."""
     spec = JobSpec(questions=[Question("0")], budget=1)
     view = engine.rendering("exact")
     replies = await asyncio.gather(
         *(view.generate(Question(id=r.id, prompt=r.id).request(TARGET, 0, spec)) for r in records)
     )
-    wrong = 0
-    for record, samples in zip(records, replies, strict=True):
-        counts = Counter(s.text for s in samples)
-        top = max(counts.values())
-        # the first answer to reach the top count leads, as the vote state has it
-        seen: Counter[str] = Counter()
-        leader = None
-        for sample in samples:
-            seen[sample.text] += 1
-            if seen[sample.text] == top:
-                leader = sample.text
-                break
-        wrong += leader != record.mode
-    return wrong, TARGET * len(records)
+    wrong = sum(_leader(s) != r.mode for r, s in zip(records, replies, strict=True))
+    tokens = sum(s.completion_tokens for samples in replies for s in samples)
+    return wrong, TARGET * len(records), tokens
+
+
+async def _run(
+    group: list[Record],
+    chunks: list[list[Record]],
+    engine: _WaveEngine,
+    b: float | None,
+    seed: int,
+    spec: dict[str, Any],
+) -> list[tuple[int, int, int]]:
+    """SC@32 over ``group`` (``b`` None), else one job per chunk at ``b`` a question, at once."""
+    if b is None:
+        return [await _sc(group, engine)]
+    jobs = (
+        _job(c, engine, budget=max(len(c), round(b * len(c))), seed=seed, **spec) for c in chunks
+    )
+    return list(await asyncio.gather(*jobs))
 
 
 def measure(
-    jobs: list[list[Record]], capacity: int, reps: int, b: float | None, **spec: Any
+    jobs: list[list[Record]],
+    capacity: int,
+    reps: int,
+    b: float | None,
+    *,
+    together: bool = False,
+    per_token: float = 0.0,
+    **spec: Any,
 ) -> Run:
-    """Every job alone on a fresh engine, ``reps`` seeds; ``b`` None: SC@32."""
-    wrong = spent = 0
-    waves: list[float] = []
+    """Every job alone on a fresh engine (``together``: all at once on one), ``reps`` seeds;
+    ``b`` None: SC@32."""
+    wrong = spent = tokens = 0
+    seconds: list[float] = []
     rounds: list[int] = []
+    groups = [[r for job in jobs for r in job]] if together else jobs
     for seed in range(reps):
-        for records in jobs:
-            engine = _WaveEngine(records, seed, capacity)
-            if b is None:
-                (w, s), seconds = run_virtual(_sc(records, engine))
-            else:
-                budget = max(len(records), round(b * len(records)))
-                (w, s), seconds = run_virtual(
-                    _job(records, engine, budget=budget, seed=seed, **spec)
-                )
-            wrong += w
-            spent += s
-            waves.append(seconds)
-            rounds += [len(engine.starts.get(r.id, ())) for r in records]
+        for group in groups:
+            engine = _WaveEngine(group, seed, capacity, per_token)
+            chunks = jobs if together else [group]
+            results, elapsed = run_virtual(_run(group, chunks, engine, b, seed, spec))
+            wrong += sum(r[0] for r in results)
+            spent += sum(r[1] for r in results)
+            tokens += sum(r[2] for r in results)
+            seconds.append(elapsed)
+            rounds += [len(engine.starts.get(r.id, ())) for r in group]
     n = reps * sum(len(j) for j in jobs)
     p50, p95 = percentiles(rounds)
-    return Run(wrong / n, spent / n, statistics.fmean(waves), (p50, p95))
+    return Run(wrong / n, spent / n, tokens / n, statistics.fmean(seconds), (p50, p95))
 
 
 def least(
-    jobs: list[list[Record]], capacity: int, reps: int, bar: float, **spec: Any
+    jobs: list[list[Record]], capacity: int, reps: int, bar: float, **options: Any
 ) -> tuple[float | None, Run]:
     """The least budget per question (in steps of ``STEP``) whose error is at most ``bar``."""
     b = 2.0
-    run = measure(jobs, capacity, reps, b, **spec)
+    run = measure(jobs, capacity, reps, b, **options)
     while run.error > bar and b < TARGET:
         b += STEP
-        run = measure(jobs, capacity, reps, b, **spec)
+        run = measure(jobs, capacity, reps, b, **options)
     return (b if run.error <= bar else None), run
 
 
@@ -145,38 +181,75 @@ def sets(data: Path | None, families: list[str]) -> dict[str, list[Record]]:
     return out
 
 
+def _cell(b: float | None, run: Run) -> str:
+    reached = "" if b else " (not reached)"
+    return f"{run.samples:.1f}{reached}, {run.tokens:.0f}, {run.error:.4f}"
+
+
+def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
+    """One row per capacity: each job alone on an idle engine."""
+    jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)]
+    jobs = jobs[: args.jobs]
+    for capacity in args.capacity:
+        options = {"per_token": args.per_token}
+        sc = measure(jobs, capacity, args.reps, None, **options)
+        b, waves = least(jobs, capacity, args.reps, sc.error, **options)
+        b0, fine = least(jobs, capacity, args.reps, sc.error, max_rounds=0, **options)
+        print(
+            f"| {name} | {size} | {capacity} | {sc.tokens:.0f}, {sc.error:.4f}, {sc.seconds:.1f} "
+            f"| {_cell(b, waves)}, {waves.seconds:.1f}, "
+            f"{waves.rounds[0]:.0f}/{waves.rounds[1]:.0f} "
+            f"| {_cell(b0, fine)}, {fine.seconds:.1f} |",
+            flush=True,
+        )
+
+
+def load_rows(name: str, records: list[Record], args: argparse.Namespace) -> None:
+    """One row per capacity: every job of the set at once, the engine full."""
+    size = args.sizes[0]
+    jobs = [records[i : i + size] for i in range(0, len(records), size)]
+    for capacity in args.capacity:
+        options = {"per_token": args.per_token, "together": True}
+        sc = measure(jobs, capacity, args.reps, None, **options)
+        b, run = least(jobs, capacity, args.reps, sc.error, **options)
+        speedup = sc.seconds / run.seconds
+        print(
+            f"| {name} | {len(records)} | {capacity} | {sc.error:.4f}, {sc.seconds:.0f} "
+            f"| {_cell(b, run)}, {run.seconds:.0f} | {speedup:.1f}x |",
+            flush=True,
+        )
+
+
 def main() -> None:
-    """Prints one table row per set, size and capacity."""
+    """Prints the idle table (and with ``--load``, the load table)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, nargs="?", help="folder of recorded sets (*.jsonl)")
     parser.add_argument("--capacity", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--jobs", type=int, default=4, help="jobs per set and size, at most")
+    parser.add_argument("--jobs", type=int, default=4, help="idle: jobs per set and size, at most")
     parser.add_argument("--synthetic", default="llm,flat,many,ties,mixed,d1,d2")
+    parser.add_argument("--load", action="store_true", help="the load table instead")
+    parser.add_argument("--per-token", type=float, default=0.0, help="modelled seconds a token")
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
+    if args.load:
+        print(
+            "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
+            "seconds | throughput vs SC@32 |"
+        )
+        print("|---|---|---|---|---|---|")
+        for name, records in sets(args.data, families).items():
+            load_rows(name, records, args)
+        return
     print(
-        "| set | Q | C | SC@32 error, waves | default: samples/q, error, waves, "
-        "rounds p50/p95 | sample by sample: samples/q, waves |"
+        "| set | Q | C | SC@32: tokens/q, error, waves | default: samples/q, tokens/q, error, "
+        "waves, rounds p50/p95 | sample by sample: samples/q, tokens/q, error, waves |"
     )
     print("|---|---|---|---|---|---|")
     for name, records in sets(args.data, families).items():
         for size in args.sizes:
-            jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)][
-                : args.jobs
-            ]
-            for capacity in args.capacity:
-                sc = measure(jobs, capacity, args.reps, None)
-                b, waves = least(jobs, capacity, args.reps, sc.error)
-                b0, fine = least(jobs, capacity, args.reps, sc.error, max_rounds=0)
-                row = (
-                    f"| {name} | {size} | {capacity} | {sc.error:.4f}, {sc.waves:.1f} "
-                    f"| {waves.samples:.1f}{'' if b else ' (not reached)'}, {waves.error:.4f}, "
-                    f"{waves.waves:.1f}, {waves.rounds[0]:.0f}/{waves.rounds[1]:.0f} "
-                    f"| {fine.samples:.1f}{'' if b0 else ' (not reached)'}, {fine.waves:.1f} |"
-                )
-                print(row, flush=True)
+            idle_rows(name, records, size, args)
 
 
 if __name__ == "__main__":

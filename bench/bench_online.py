@@ -1,7 +1,7 @@
 """Online self-consistency through ``/v1`` with the official SDK, against the grouping window.
 
 Usage: python bench/bench_online.py [DATA_DIR] [--questions 300] [--concurrency 1,8,64]
-    [--synthetic flat,many,mixed] [--files none]
+    [--synthetic flat,many,mixed] [--files none] [--max-rounds 4,0] [--modes online]
 
 For each recorded set (questions in a seeded random order), a real uvicorn
 server on loopback over the replay engine (``--latency`` seconds a request)
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import json
 import random
 import threading
@@ -128,7 +129,10 @@ def sc_error(
 def sim_budget(records: list[Record], reps: int) -> float:
     """Mean samples with which the simulator's online method reaches SC@32's error (32: never)."""
     dataset = Dataset("synthetic", [r.id for r in records], [r.probs for r in records])
-    result = sample_efficiency(dataset, [TARGET], ["online"], reps=reps)[0].methods["online"]
+    # The budget of the online rule deciding wave by wave with no bound on waves
+    # (``rounds=0``), as it ran before waves were bounded.
+    label = "online:rounds=0"
+    result = sample_efficiency(dataset, [TARGET], [label], reps=reps)[0].methods[label]
     return round(result.samples, 1) if result.reached else float(TARGET)
 
 
@@ -222,11 +226,18 @@ def synthetic_set(family: str, limit: int, seed: int, reps: int) -> QuestionSet:
     )
 
 
-def run(questions: QuestionSet, mode: str, concurrency: int, latency: float) -> dict[str, Any]:
+def run(
+    questions: QuestionSet, mode: str, concurrency: int, latency: float, max_rounds: int
+) -> dict[str, Any]:
     """One pass over the set's questions; the numbers of one table row."""
     engine = questions.engine(concurrency, latency)
     budget = questions.budget
-    settings = {"sc_mode": mode, "default_concurrency": 64, "max_concurrent_jobs": 256}
+    settings = {
+        "sc_mode": mode,
+        "default_concurrency": 64,
+        "max_concurrent_jobs": 256,
+        "default_max_rounds": max_rounds,
+    }
     server, thread, url = _serve(engine, **settings)
     try:
         results = asyncio.run(_ask_all(url, questions.questions, concurrency, budget))
@@ -269,6 +280,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per engine request")
     parser.add_argument("--modes", default="online,grouped")
     parser.add_argument(
+        "--max-rounds", default="4", help="the server's default_max_rounds, each (0: no bound)"
+    )
+    parser.add_argument(
         "--files", default=",".join(BUDGETS), help="recorded sets (of BUDGETS; none: no recorded)"
     )
     parser.add_argument(
@@ -290,18 +304,20 @@ def main() -> None:
         for family in filter(None, args.synthetic.split(","))
     ]
     print(
-        "| data | mode | clients | budget | samples/q | error | SC@32 error | p50 ms | p99 ms "
-        "| rounds/q | rounds p50/p95 | requests/q | pacing @100/200/500 |"
+        "| data | mode | max_rounds | clients | budget | samples/q | error | SC@32 error "
+        "| p50 ms | p99 ms | rounds/q | rounds p50/p95 | requests/q | pacing @100/200/500 |"
     )
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 14)
     for make in sets:
         questions = make()
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            for mode in args.modes.split(","):
-                row = run(questions, mode, concurrency, args.latency)
+            for mode, rounds in itertools.product(
+                args.modes.split(","), (int(r) for r in args.max_rounds.split(","))
+            ):
+                row = run(questions, mode, concurrency, args.latency, rounds)
                 p50, p95 = row["rounds_p50_p95"]
                 print(
-                    f"| {questions.name} | {mode} | {concurrency} "
+                    f"| {questions.name} | {mode} | {rounds} | {concurrency} "
                     f"| {questions.budget:g} | {row['samples']:.2f} | {row['error']:.3f} "
                     f"| {questions.sc_error:.3f} "
                     f"| {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['rounds']:.2f} "

@@ -1,4 +1,4 @@
-"""An OpenAI engine's replicas: connections, probes, pass-through, prompt token counts.
+"""An OpenAI engine's replicas: connections, probes, load, pass-through, prompt token counts.
 
 Balancing, affinity and the circuit breaker rules live in
 :mod:`blendserve.engines._replicas`; this module does the I/O around them. A
@@ -6,6 +6,13 @@ replica whose breaker is open (or half-open with its trials in flight) is
 probed with ``GET {url}/models`` every ``health.probe_interval`` seconds by a
 background task that runs only while some breaker is not closed; a 200
 half-opens it (or admits one more trial).
+
+A replica's load (:meth:`Upstreams.queue`) is read from vLLM's Prometheus
+gauges at the server root, ``GET {url without /v1}/metrics``, over a
+connection of its own per replica (so that a pool full of long generations
+does not hold the reading up), a body of at most :data:`METRICS_BYTES`
+answered within :data:`SIDE_TIMEOUT`. A replica without such gauges is left
+alone for :data:`METRICS_RETRY_S`.
 """
 
 from __future__ import annotations
@@ -13,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx2
 
 from blendserve._byte_lru import ByteLRU
+from blendserve._cancel import DeadlinePassed, within
 from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
@@ -35,13 +44,55 @@ from blendserve.engines.openai_wire import (
 from blendserve.errors import EngineProtocolError, EngineUnavailable, InvalidRequest
 from blendserve.stats import NO_STATS, Stats
 
-__all__ = ["PROMPT_COUNT_BYTES", "SIDE_TIMEOUT", "Upstreams"]
+__all__ = [
+    "METRICS_BYTES",
+    "METRICS_RETRY_S",
+    "PROMPT_COUNT_BYTES",
+    "RUNNING",
+    "SIDE_TIMEOUT",
+    "WAITING",
+    "Upstreams",
+    "parse_queue",
+]
 
 _log = logging.getLogger(__name__)
 
-SIDE_TIMEOUT = 5.0  # GET /models (models(), probes) and tokenizer endpoints
+SIDE_TIMEOUT = 5.0  # GET /models (models(), probes), tokenizer endpoints, GET /metrics
 #: Bytes of prompt token counts kept for upstreams without stream usage (about 250 each).
 PROMPT_COUNT_BYTES = 1 << 20
+#: The largest ``/metrics`` body read (vLLM's is about 100 KB).
+METRICS_BYTES = 4 << 20
+#: Seconds a replica without vLLM's load gauges is left alone before it is asked again.
+METRICS_RETRY_S = 60.0
+#: vLLM's gauges of the requests it runs and of those queued behind them.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
+def parse_queue(text: str) -> tuple[int, int] | None:
+    """Running and waiting requests in vLLM's Prometheus ``text``, each summed over label sets.
+
+    Only the two gauges' lines are parsed (a whole vLLM ``/metrics`` takes
+    about 20 ms to parse, these a fraction of one). None: there is no running
+    gauge (not vLLM, or not Prometheus text at all).
+
+    Raises:
+        ValueError: a gauge's line is malformed or its value is not a finite number.
+    """
+    # Imported here: a process that reads no load (and has no metrics sink) loads no Prometheus.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith((RUNNING, WAITING)))
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(wanted):
+        for sample in family.samples:
+            if sample.name in (RUNNING, WAITING):
+                if not math.isfinite(sample.value):
+                    raise ValueError(f"{sample.name} is {sample.value}")
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    if RUNNING not in totals:
+        return None
+    return max(0, round(totals[RUNNING])), max(0, round(totals.get(WAITING, 0.0)))
 
 
 class Upstreams:
@@ -76,16 +127,36 @@ class Upstreams:
             affinity_slack=health.affinity_slack,
         )
         self.report_to(sink)
+        urls = [r.url for r in self.replicas.replicas]
+        credentials = {base: auth for base, auth in bases if auth}
         self.pool = HttpPool(
-            [r.url for r in self.replicas.replicas],
+            urls,
             limits.connections,
             api_key=api_key,
             connect_timeout=timeouts.connect,
             stall_timeout=timeouts.stall,
             transport=transport,
-            credentials={base: auth for base, auth in bases if auth},
+            credentials=credentials,
             max_response_bytes=limits.response_bytes,
         )
+        # GET /metrics goes over one connection of its own per replica, made when first read.
+        self._metrics: HttpPool | None = None
+
+        def metrics_pool() -> HttpPool:
+            return HttpPool(
+                urls,
+                1,
+                api_key=api_key,
+                connect_timeout=timeouts.connect,
+                transport=transport,
+                credentials=credentials,
+                max_response_bytes=METRICS_BYTES,
+            )
+
+        self._metrics_pool = metrics_pool
+        self._shared_transport = transport is not None  # self.pool closes it
+        self._no_metrics_until: dict[str, float] = {}
+        self._no_metrics_logged: set[str] = set()
         # prompt digest -> its token count, for upstreams whose streams carry no usage
         self._prompt_counts: ByteLRU[bytes, int] = ByteLRU(PROMPT_COUNT_BYTES)
         self.closed = False
@@ -120,6 +191,44 @@ class Upstreams:
             return
         if response.status_code == 200 and self.replicas.record_probe(replica):
             _log.info("upstream %s answers probes: circuit breaker half-open", replica.url)
+
+    async def queue(self, replica: Replica) -> tuple[int, int] | None:
+        """``replica``'s running and waiting requests, from vLLM's gauges at its ``/metrics``.
+
+        None, without I/O, while the replica is left alone. None when it
+        answers no vLLM gauges (not 200, not Prometheus text, nothing within
+        :data:`SIDE_TIMEOUT`, a body over :data:`METRICS_BYTES`): it is then
+        left alone for :data:`METRICS_RETRY_S` (logged at info level the first
+        time, at debug level after).
+        """
+        loop = asyncio.get_running_loop()
+        if self.closed or self._no_metrics_until.get(replica.url, -math.inf) > loop.time():
+            return None
+        if self._metrics is None:
+            self._metrics = self._metrics_pool()
+        url = replica.url.removesuffix("/v1") + "/metrics"
+        reason: object = "no vLLM gauges"
+        try:
+            get = self._metrics.side(replica.url, url, None, SIDE_TIMEOUT)
+            response = await within(get, SIDE_TIMEOUT)  # a body that trickles in, too
+            response.raise_for_status()
+            queue = parse_queue(response.text)
+        except (httpx2.HTTPError, DeadlinePassed, ValueError) as exc:
+            queue, reason = None, exc
+        if queue is not None:
+            return queue
+        self._no_metrics_until[replica.url] = loop.time() + METRICS_RETRY_S
+        level = logging.DEBUG if replica.url in self._no_metrics_logged else logging.INFO
+        self._no_metrics_logged.add(replica.url)
+        _log.log(
+            level,
+            "upstream %s: no load at %s (%s); counted as this process's own, asked again in %g s",
+            replica.url,
+            url,
+            reason,
+            METRICS_RETRY_S,
+        )
+        return None
 
     def health(self) -> EngineHealth:
         """Per-replica health from the last outcomes and probes; no I/O."""
@@ -249,10 +358,13 @@ class Upstreams:
         )
 
     async def aclose(self) -> None:
-        """Stops the probe task and closes the connection pool."""
+        """Stops the probe task and closes the connection pools."""
         self.closed = True
         task, self._probe_task = self._probe_task, None
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None and not self._shared_transport:
+            await metrics.aclose()
         await self.pool.aclose()

@@ -52,12 +52,33 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   While no replica is available a call fails at once with
   :class:`~blendserve.errors.EngineUnavailable`, without waiting a backoff.
 * Cancelling ``generate`` closes its in-flight HTTP requests.
+* Load (:meth:`OpenAIEngine.load`): without ``capacity`` (the default), what
+  this process has in flight, as any engine; nothing is polled. With it,
+  ``capacity`` is *per replica* (vLLM's ``--max-num-seqs``) and the engine's
+  is ``capacity`` times the number of replicas; running and waiting are what
+  the replicas' vLLM says it runs and queues (its Prometheus gauges
+  ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` at
+  ``{url without /v1}/metrics``, summed over label sets and replicas), so
+  that several blendserve processes in front of the same vLLM each see the
+  others' load. The last reading is kept in memory by a background task that
+  reads every replica at most every ``load_interval`` seconds (started by the
+  first ``load`` or ``generate`` that runs in an event loop, stopped by
+  ``aclose``); ``load`` itself does no I/O. The growth of this process's own
+  ``sequences_in_flight`` since the reading is added to it (a burst just sent
+  is not invisible until the next reading), and the load is never less than
+  this process's own. A replica without those gauges (no ``/metrics``, not
+  Prometheus text, no answer within 5 s) counts this process's sequences in
+  flight there instead, and is asked again a minute later. vLLM counts
+  requests: V1 splits a request with ``n > 1`` into ``n`` requests, so there
+  its counts are sequences (an older V0 server counts such a request once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -66,13 +87,14 @@ from typing import Any, Literal
 
 import httpx2
 
-from blendserve._cancel import DeadlinePassed, all_or_cancel, within
+from blendserve._cancel import DeadlinePassed, all_or_cancel, cancel_all, within
 from blendserve.engines._replicas import Replica
 from blendserve.engines._retry import RetryPolicy, Throttles, exhausted
 from blendserve.engines._upstreams import Upstreams
 from blendserve.engines.base import (
     Engine,
     EngineHealth,
+    EngineLoad,
     GenerateRequest,
     Sample,
     UpstreamReply,
@@ -95,6 +117,8 @@ from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavaila
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
+
+_log = logging.getLogger(__name__)
 
 _SEED_SPACE = 2**31 - 1
 
@@ -123,6 +147,8 @@ class OpenAIEngine(Engine, PassThrough):
             job's own failure timeout then decides, not the upstream).
         transport: custom httpx2 transport (tests, ASGI apps).
         sink: where samples, retries, latencies and health are reported.
+        load_interval: seconds between readings of the replicas' load, taken
+            only once ``capacity`` (sequences per replica) is set.
     """
 
     name = "openai"
@@ -143,6 +169,7 @@ class OpenAIEngine(Engine, PassThrough):
         retry: RetryPolicy = RetryPolicy(),
         transport: httpx2.AsyncBaseTransport | None = None,
         sink: Stats = NO_STATS,
+        load_interval: float = 0.5,
     ) -> None:
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
@@ -152,6 +179,8 @@ class OpenAIEngine(Engine, PassThrough):
             raise ValueError(f"n_support must be 'auto', 'yes' or 'no', got {n_support!r}")
         if timeouts.stall is not None and not stream:
             raise ValueError("a stall timeout needs stream=True")
+        if not load_interval > 0:
+            raise ValueError(f"load_interval must be positive, got {load_interval}")
         self._upstreams = Upstreams(
             urls,
             api_key=api_key,
@@ -173,6 +202,13 @@ class OpenAIEngine(Engine, PassThrough):
         self._stream = stream
         self._session_header = session_header
         self._rng = random.Random()
+        self._load_interval = load_interval
+        self._load_task: asyncio.Task[None] | None = None
+        self._closing = False
+        # The last reading: replica URL -> (running, waiting), for those that told.
+        self._queues: dict[str, tuple[int, int]] = {}
+        self._in_flight_at_reading = 0  # sequences_in_flight when it was taken
+        self._read_at = -math.inf  # the loop's time when it was kept
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with every replica and its health."""
@@ -214,6 +250,8 @@ class OpenAIEngine(Engine, PassThrough):
         """
         if self._upstreams.closed:
             raise EngineUnavailable("the engine is closed")
+        if self.capacity is not None:
+            self._poll_load()
         body = request_body(request, self._model)
         timeout = self._timeout if request.timeout is None else request.timeout
         deadline = asyncio.get_running_loop().time() + timeout
@@ -382,6 +420,72 @@ class OpenAIEngine(Engine, PassThrough):
         self.sink.upstream_latency(url, time.monotonic() - sent)
         return samples
 
+    # -- load --------------------------------------------------------------------
+
+    def load(self) -> EngineLoad:
+        """How full the replicas are, from the last reading; no I/O (see the module docstring).
+
+        Without ``capacity``, this process's own sequences in flight. With it,
+        the replicas' running and waiting sequences out of ``capacity`` per
+        replica; starts the readings if this runs in an event loop.
+        """
+        if self.capacity is None:
+            return super().load()
+        self._poll_load()
+        own = self.sequences_in_flight
+        capacity = self.capacity * len(self._replicas.replicas)
+        queues = self._queues
+        if not queues:
+            return EngineLoad(capacity, own)
+        running = waiting = 0
+        for replica in self._replicas.replicas:
+            queue = queues.get(replica.url)
+            if queue is None:  # no gauges there: what this process has in flight there
+                running += replica.outstanding
+            else:
+                running += queue[0]
+                waiting += queue[1]
+        running += max(0, own - self._in_flight_at_reading)  # sent since the reading
+        return EngineLoad(capacity, max(running, own - waiting), waiting)
+
+    async def refresh_load(self) -> None:
+        """Reads every replica's running and waiting requests once (what the poller repeats).
+
+        A replica without vLLM's gauges is left out of the reading and is not
+        asked again for a while (:meth:`Upstreams.queue`). The poller's next
+        reading comes ``load_interval`` after this one.
+        """
+        own = self.sequences_in_flight  # before: sequences sent meanwhile count twice, not never
+        replicas = self._replicas.replicas
+        queues = await asyncio.gather(*(self._upstreams.queue(r) for r in replicas))
+        self._queues = {r.url: q for r, q in zip(replicas, queues, strict=True) if q is not None}
+        self._in_flight_at_reading = own
+        self._read_at = asyncio.get_running_loop().time()
+
+    def _poll_load(self) -> None:
+        """Starts the readings, unless they run, the engine is closing or no loop runs."""
+        if self._closing or (self._load_task is not None and not self._load_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._load_task = loop.create_task(self._load_loop(), name="blendserve-engine-load")
+
+    async def _load_loop(self) -> None:
+        """Reads the load once the last reading (the loop's own or not) is ``load_interval`` old."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._read_at + self._load_interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            try:
+                await self.refresh_load()
+            except Exception:  # a bug in a reading: keep the last one, try again later
+                _log.exception("reading the upstreams' load failed")
+                self._read_at = loop.time()
+
     # -- pass-through, health ----------------------------------------------------
 
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply:
@@ -401,5 +505,9 @@ class OpenAIEngine(Engine, PassThrough):
         return await self._upstreams.models()
 
     async def aclose(self) -> None:
-        """Stops the probe task and closes the connection pool."""
+        """Stops the load readings and the probe task, and closes the connection pools."""
+        self._closing = True
+        task, self._load_task = self._load_task, None
+        if task is not None:
+            await cancel_all([task])
         await self._upstreams.aclose()

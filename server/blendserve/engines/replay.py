@@ -39,12 +39,16 @@ class LatencyModel:
             drawn from an exponential distribution (seeded; 0: none).
         max_concurrent_sequences: sequences served at once, like a GPU batch
             (None: unlimited); a request for n samples holds n of them.
+        length: completion tokens of a sample, log-normal: ``(mu, sigma)`` of
+            their logarithm, drawn per sample (seeded; None: the rendered
+            text's words). A request of n samples lasts as long as its longest.
     """
 
     fixed: float = 0.0
     per_token: float = 0.0
     exponential_mean: float = 0.0
     max_concurrent_sequences: int | None = None
+    length: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,7 +290,7 @@ class ReplayEngine(Engine):
         try:
             await self._fault(request)
             texts = [render(a, kind) for a in drawn]
-            tokens = [len(text.split()) for text, _ in texts]
+            tokens = self._lengths(texts)
             delay = self.latency.fixed + self.latency.per_token * max(tokens)
             if self.latency.exponential_mean > 0:
                 delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
@@ -314,6 +318,14 @@ class ReplayEngine(Engine):
         seed = request.params.seed
         rng = self._rng if seed is None else random.Random(seed)
         return [rng.choice(recorded) for _ in range(request.n)]
+
+    def _lengths(self, texts: list[tuple[str, str]]) -> list[int]:
+        """Completion tokens of each sample: the length model's, else the text's words."""
+        length = self.latency.length
+        if length is None:
+            return [len(text.split()) for text, _ in texts]
+        mu, sigma = length
+        return [max(1, round(self._delay_rng.lognormvariate(mu, sigma))) for _ in texts]
 
     async def _fault(self, request: GenerateRequest) -> None:
         roll = self._fault_rng.random()

@@ -308,30 +308,42 @@ class Job:
         if self._plan is not None:
             free = self.engine.load().free
             if free > limit - policy.num_pending:
-                self._send(self._dispatch_waves(self._plan, free), in_flight)
-                return
+                waves = self._dispatch_waves(self._plan, free)
+                if waves or policy.num_pending:
+                    self._send(waves, in_flight)
+                    return
         sizes: dict[int, int] = {}
         for _ in range(limit - policy.num_pending):
             chosen = policy.select(1)
             if not chosen:
                 break
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
-        for q in sizes:
-            self._rounds[q] += 1
         self._send(sizes, in_flight)
 
     def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int]:
-        """The plan's next waves that fit in ``free`` sequences; the rest waits for room."""
+        """The plan's next waves that fit in ``free`` sequences; the rest waits for room.
+
+        A question planned none has passed a round too: it catches up with the
+        question furthest on, so that waves planned for it later still end
+        within the job's ``max_rounds`` (however many times it was planned).
+        """
         policy = self.policy
+        rounds = self._rounds
         sizes: dict[int, int] = {}
-        for q, k in policy.plan_waves(plan, self._rounds).items():
+        passed = []
+        for q, k in policy.plan_waves(plan, rounds).items():
             if k > free and (sizes or policy.num_pending):
                 break  # the rest waits for room (the engine would queue it)
-            self._rounds[q] += 1  # a question planned none passes its round too
             sent = policy.assign(q, k)
             if sent:
                 sizes[q] = sent
+                rounds[q] += 1
                 free -= sent
+            else:
+                passed.append(q)
+        furthest = max(rounds)
+        for q in passed:
+            rounds[q] = max(rounds[q], furthest)
         return sizes
 
     def _send(

@@ -77,8 +77,9 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=1_000_000,
-        description="sequences the engine runs at once (vLLM's max_num_seqs); with it, a job "
-        "on an engine with room goes in a few waves (the replay engine knows its own)",
+        description="sequences each upstream replica runs at once (vLLM's --max-num-seqs); "
+        "with it, a job on an engine with room goes in a few waves, reading vLLM's /metrics "
+        "for its load (the replay engine knows its own)",
     )
     replay_capacity: int | None = Field(
         None, ge=1, le=1_000_000, description="replay engine: sequences it runs at once"

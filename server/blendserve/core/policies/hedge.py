@@ -128,11 +128,14 @@ class HedgePolicy(PriorityPolicy):
         """
         mean = self.budget / self.num_questions
         if self.disagreement is None:
+            # Every question's first wave (topped up where samples came one at a time).
             first = plan.first_wave(mean)
             return {
-                q: first
+                q: first - self.num_assigned[q]
                 for q in range(self.num_questions)
-                if self.num_assigned[q] == 0 and not self.is_finished(q)
+                if self.num_assigned[q] < first
+                and not self.num_pending_of[q]
+                and not self.is_finished(q)
             }
         votes = self.votes
         cap = round((self.cap or DEFAULT_CAP) * mean)
