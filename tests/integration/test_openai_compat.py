@@ -49,6 +49,17 @@ def client(server: LiveServer) -> Iterator[openai.OpenAI]:
         yield c
 
 
+def test_max_rounds_bounds_the_waves_of_a_request(
+    client: openai.OpenAI, engine: ReplayEngine
+) -> None:
+    options = {"blendserve": {**NUMBER["blendserve"], "max_rounds": 1}}
+    reply = client.chat.completions.create(
+        model="replay", messages=_user("Which is it?"), extra_body=options
+    )
+    vote = reply.model_extra["blendserve"] if reply.model_extra else {}
+    assert engine.stats.requests == 1 and vote["samples"] == engine.stats.samples >= 1
+
+
 def test_chat_content_is_a_sample_with_the_voted_answer(
     client: openai.OpenAI, engine: ReplayEngine
 ) -> None:

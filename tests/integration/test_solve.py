@@ -167,6 +167,8 @@ def test_ndjson_on_accept_header(server: LiveServer) -> None:
         ({"budget": 10, "sampling": {"temperature": -1}}, "sampling.temperature"),
         ({"budget": 10, "questions": [{"prompt": "a", "messages": []}]}, "questions.0.messages"),
         ({"budget": 10, "questions": []}, "questions"),
+        ({"budget": 10, "max_rounds": 65}, "max_rounds"),
+        ({"budget": 10, "max_rounds": -1}, "max_rounds"),
     ],
 )
 def test_bad_requests_are_422_with_the_field(
@@ -178,6 +180,19 @@ def test_bad_requests_are_422_with_the_field(
     assert error["message"]
     if param is not None:
         assert error["param"].startswith(param)
+
+
+def test_on_an_engine_with_room_a_job_sends_at_most_max_rounds_waves_a_question() -> None:
+    requests = {}
+    for rounds in (2, 0):
+        engine = ReplayEngine(RECORDS, seed=5, latency=LatencyModel(max_concurrent_sequences=512))
+        with serve_engine(engine) as live:
+            response = _solve(live.url, budget=45, max_rounds=rounds)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["usage"]["samples"] == body["budget"]["spent"] == engine.stats.samples
+        requests[rounds] = engine.stats.requests
+    assert requests[2] <= 2 * len(QUESTIONS) < requests[0]
 
 
 # --- a quality target instead of a budget ----------------------------------------------

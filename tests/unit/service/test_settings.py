@@ -3,10 +3,13 @@ from pathlib import Path
 
 import pytest
 from blendserve.cli import build_parser
+from blendserve.engines.factory import build_engine
 from blendserve.service import Settings
 from blendserve.service.command import read_settings
 from blendserve.service.configuration import reference
 from pydantic import ValidationError
+
+from tests.support.running import run_coroutine
 
 
 @pytest.mark.parametrize("policy", ["blend", "asc:cap=16", "esc:window=3"])
@@ -62,3 +65,19 @@ def test_a_flag_out_of_range_is_refused() -> None:
 
 def test_paths_under_home_are_expanded() -> None:
     assert _serve("--model-cache-dir", "~/models").model_cache_dir == Path.home() / "models"
+
+
+def test_capacity_flags_reach_the_engine(tmp_path: Path) -> None:
+    data = tmp_path / "replay.jsonl"
+    data.write_text('{"id": "q", "answers": ["1"]}\n')
+    settings = _serve(
+        "--engine", "replay", "--data", str(data), "--replay-capacity", "32",
+        "--replay-per-token-latency-s", "0.01", "--engine-capacity", "512",
+    )  # fmt: skip
+    engine = run_coroutine(build_engine(settings.engine_config()))
+    assert engine.latency.per_token == 0.01  # type: ignore[attr-defined]
+    assert engine.load().capacity == 32  # the replay engine's own batch
+    assert engine.capacity == 512
+    assert _serve("--default-max-rounds", "0").default_max_rounds == 0
+    with pytest.raises(ValidationError, match="default_max_rounds"):
+        _serve("--default-max-rounds", "65")
