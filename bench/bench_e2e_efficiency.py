@@ -9,6 +9,10 @@ batch policy (``--policy``; ``--policy blend`` gives Blend-ASC's table) over
 a replay engine with exponential per-request latency and a 64-sequence
 capacity, at concurrency 8, 64 and 256.
 
+Jobs decide sample by sample (``max_rounds=0``), as the default does on a
+busy engine; ``bench/bench_latency.py`` measures the waves a job sends on an
+engine with room.
+
 The default policy stops a question once it is settled, so a job may spend
 less than its budget: every method is charged the mean samples per question
 it actually spent. We report the least budget per question with which the
@@ -91,7 +95,7 @@ async def _run_job(job_records: list[Record], engine: ReplayEngine, **spec: Any)
     """Runs one job; returns (wrong answers, samples spent)."""
     questions = [Question(id=r.id, prompt=r.id) for r in job_records]
     job = Job(
-        JobSpec(questions=questions, **spec),
+        JobSpec(questions=questions, **{"max_rounds": 0, **spec}),
         engine.rendering("exact"),
         make_keyer("exact", None),
     )

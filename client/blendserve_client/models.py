@@ -27,6 +27,7 @@ class Usage(_Model):
     samples: int
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int | None = None  # of completion_tokens, where the upstream counts them
 
 
 class Answer(_Model):
@@ -34,7 +35,8 @@ class Answer(_Model):
 
     ``answer`` is the winning key of ``votes`` (``"144"``, None when no sample
     had one); ``answer_text`` is that answer as its first sample wrote it
-    (``"144.0"``), for display.
+    (``"144.0"``), for display. A reasoning model's ``completion`` is its
+    final answer; with ``include_reasoning``, ``reasoning`` is its thought.
     """
 
     index: int
@@ -49,6 +51,7 @@ class Answer(_Model):
     usage: Usage
     partial: bool = False
     stopped: str | None = None  # "truncated": its samples kept being cut at max_tokens
+    reasoning: str | None = None  # with include_reasoning: the completion's thought
 
 
 class Budget(_Model):

@@ -63,7 +63,8 @@ class SolveOptions(_Options):
     ``answer`` takes an :data:`AnswerKind` (``"number"``), ``{"kind",
     "pattern"}`` or an :class:`AnswerFormat`; ``sampling`` a mapping or a
     :class:`Sampling`. The service checks ranges and combinations (a 422
-    naming the field).
+    naming the field). ``include_reasoning`` adds each answer's thought (a
+    reasoning model's) as ``Answer.reasoning``.
     """
 
     budget: int | None = None
@@ -81,6 +82,9 @@ class SolveOptions(_Options):
     )
     max_rounds: int | None = Field(
         None, description="waves per question at most (0: sample by sample)"
+    )
+    include_reasoning: bool | None = Field(
+        None, description="each answer carries its completion's thought (a reasoning model's)"
     )
 
     @field_validator("answer", mode="before")
@@ -113,6 +117,7 @@ class SolveFields(TypedDict, total=False):
     concurrency: int | None
     in_flight_per_question: float | None
     max_rounds: int | None
+    include_reasoning: bool | None
 
 
 def solve_options(options: SolveOptions | None, fields: Mapping[str, object]) -> SolveOptions:

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -20,8 +20,10 @@ from typing import NamedTuple
 from blendserve._byte_lru import ByteLRU
 from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.core.answers import (
+    DEFAULT_REASONING_TAGS,
     REGEX_TIMEOUT_S,
     AnswerKind,
+    ReasoningTags,
     RegexTimeout,
     RegexUnavailable,
     check_kind,
@@ -33,6 +35,7 @@ from blendserve.core.answers import (
     math_fallback_key,
     number_key,
     plain_number_key,
+    read_thought,
     search_re,
     sympy_key,
 )
@@ -47,10 +50,6 @@ __all__ = [
     "KeyOwner",
     "SampleKeyer",
 ]
-
-#: ``completion text -> (answer, key)``, both None when the sample abstains: how a
-#: job or pool keys its samples (the scheduler's ``Keyer``).
-SampleKeyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
 
 #: Seconds one math answer may spend in sympy before it keys as a string.
 DEFAULT_DEADLINE_S = 2.0
@@ -279,11 +278,12 @@ class AnswerKeys:
         kind: AnswerKind,
         pattern: str | None = None,
         owner: KeyOwner | None = None,
+        reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
     ) -> str | None:
-        """The final answer of one sample, or None when it abstains."""
+        """The final answer of one sample (never a thought), or None when it abstains."""
         timeout = owner.regex_timeout() if owner is not None else REGEX_TIMEOUT_S
         try:
-            return _core_extract(text, kind, pattern, timeout)
+            return _core_extract(text, kind, pattern, timeout, reasoning_tags=reasoning_tags)
         except RegexTimeout:
             if owner is not None:
                 owner.regex_timeouts += 1  # a race here only moves the strike by one
@@ -291,9 +291,12 @@ class AnswerKeys:
             return None
         except RegexUnavailable:
             assert pattern is not None
+            thought = read_thought(text, reasoning_tags)
+            if thought.cut:
+                return None
             try:
                 result: str | None = self._get_pool().call(
-                    search_re, text, pattern, deadline=_RE_POOL_DEADLINE_S
+                    search_re, thought.content, pattern, deadline=_RE_POOL_DEADLINE_S
                 )
             except WorkerTimeout:
                 self._regex_timed_out()
@@ -406,17 +409,23 @@ class AnswerKeys:
         kind: AnswerKind,
         pattern: str | None = None,
         owner: KeyOwner | None = None,
+        reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
     ) -> str | None:
         """:meth:`extract` for an event loop: a ``regex`` search runs off the loop's thread."""
         check_kind(kind)
         if kind != "regex":
-            return self.extract(text, kind, pattern)
+            return self.extract(text, kind, pattern, reasoning_tags=reasoning_tags)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._get_executor(), self.extract, text, kind, pattern, owner
+            self._get_executor(), self.extract, text, kind, pattern, owner, reasoning_tags
         )
 
-    def keyer(self, kind: AnswerKind, pattern: str | None = None) -> SampleKeyer:
+    def keyer(
+        self,
+        kind: AnswerKind,
+        pattern: str | None = None,
+        reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
+    ) -> SampleKeyer:
         """How one job (or one client of a pool) keys its samples: an owner of its own.
 
         Raises:
@@ -425,15 +434,43 @@ class AnswerKeys:
         check_kind(kind)
         if kind == "regex":
             self.extract("", kind, pattern)  # a pattern that does not compile fails here
-        owner = KeyOwner()
+        return SampleKeyer(self, kind, pattern, reasoning_tags)
 
-        async def key_sample(text: str) -> tuple[str | None, str | None]:
-            answer = await self.aextract(text, kind, pattern, owner)
-            if answer is None:
-                return None, None
-            return answer, await self.acanonical_key(answer, kind, owner)
 
-        return key_sample
+class SampleKeyer:
+    """``completion text -> (answer, key)``, both None when the sample abstains: how a
+    job or pool keys its samples (the scheduler's ``Keyer``).
+
+    Made by :meth:`AnswerKeys.keyer`; each is its own owner of the sympy workers' time.
+
+    Attributes:
+        kind: the answer kind.
+        pattern: the ``regex`` kind's pattern.
+        reasoning_tags: the model's thought markers; a thought never votes, and
+            the scheduler reads samples' thoughts with them.
+    """
+
+    __slots__ = ("_keys", "_owner", "kind", "pattern", "reasoning_tags")
+
+    def __init__(
+        self,
+        keys: AnswerKeys,
+        kind: AnswerKind,
+        pattern: str | None = None,
+        reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
+    ) -> None:
+        self._keys = keys
+        self._owner = KeyOwner()
+        self.kind = kind
+        self.pattern = pattern
+        self.reasoning_tags = reasoning_tags
+
+    async def __call__(self, text: str) -> tuple[str | None, str | None]:
+        keys, owner = self._keys, self._owner
+        answer = await keys.aextract(text, self.kind, self.pattern, owner, self.reasoning_tags)
+        if answer is None:
+            return None, None
+        return answer, await keys.acanonical_key(answer, self.kind, owner)
 
 
 def _after_fork() -> None:

@@ -27,6 +27,11 @@ interpreter exit, or at :func:`shutdown`.
 These functions share one default :class:`AnswerKeys` (workers, cache,
 counters); a service can hold an :class:`AnswerKeys` of its own instead.
 
+Every kind reads a sample's final answer, never a reasoning model's thought:
+the text after the closing tag (``</think>`` by default, with or without the
+opening one), or harmony's ``final`` channel; a sample whose thought never
+closed abstains (see :func:`~blendserve.core.answers.read_thought`).
+
 The ``regex`` kind runs the caller's pattern with the ``regex`` module's timeout
 (0.25 s; past it the sample abstains). Without that module installed, the
 standard ``re`` search runs in the worker pool under a 1 s deadline instead.
@@ -42,17 +47,27 @@ from blendserve._answer_keys import (
     KeyOwner,
     SampleKeyer,
 )
-from blendserve.core.answers import KINDS, AnswerKind
+from blendserve.core.answers import (
+    DEFAULT_REASONING_TAGS,
+    KINDS,
+    AnswerKind,
+    ReasoningTags,
+    Thought,
+    read_thought,
+)
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_DEADLINE_S",
+    "DEFAULT_REASONING_TAGS",
     "KINDS",
     "AnswerKeys",
     "AnswerKind",
     "CacheInfo",
     "KeyOwner",
+    "ReasoningTags",
     "SampleKeyer",
+    "Thought",
     "acanonical_key",
     "aextract",
     "cache_info",
@@ -62,6 +77,7 @@ __all__ = [
     "default_keys",
     "extract",
     "make_keyer",
+    "read_thought",
     "shutdown",
     "warm_up",
 ]
@@ -110,23 +126,39 @@ def cache_info() -> CacheInfo:
     return _default.cache_info()
 
 
-def extract(text: str, kind: AnswerKind, pattern: str | None = None) -> str | None:
+def extract(
+    text: str,
+    kind: AnswerKind,
+    pattern: str | None = None,
+    *,
+    reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
+) -> str | None:
     """The final answer of one sample, or None when it abstains (no answer, truncated).
+
+    A reasoning model's thought is never read: ``<think>3+4 is maybe \\boxed{8}</think>
+    The answer is 7.`` gives ``7`` in every kind, and a thought that never closed abstains.
 
     Args:
         text: the sample's completion text.
         kind: ``auto``, ``number``, ``math``, ``choice``, ``regex`` or ``exact``.
         pattern: the ``regex`` kind's pattern (first group, else the whole match).
+        reasoning_tags: the model's thought markers (``<think>``, ``</think>``).
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
     """
-    return _default.extract(text, kind, pattern)
+    return _default.extract(text, kind, pattern, reasoning_tags=reasoning_tags)
 
 
-async def aextract(text: str, kind: AnswerKind, pattern: str | None = None) -> str | None:
+async def aextract(
+    text: str,
+    kind: AnswerKind,
+    pattern: str | None = None,
+    *,
+    reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
+) -> str | None:
     """:func:`extract` for an event loop: a ``regex`` search runs off the loop's thread."""
-    return await _default.aextract(text, kind, pattern)
+    return await _default.aextract(text, kind, pattern, reasoning_tags=reasoning_tags)
 
 
 def canonical_key(answer: str, kind: AnswerKind) -> str:
@@ -151,7 +183,11 @@ async def acanonical_key(answer: str, kind: AnswerKind) -> str:
 
 
 def make_keyer(
-    kind: AnswerKind, pattern: str | None = None, keys: AnswerKeys | None = None
+    kind: AnswerKind,
+    pattern: str | None = None,
+    keys: AnswerKeys | None = None,
+    *,
+    reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
 ) -> SampleKeyer:
     """``text -> (answer, key)`` for one job's samples, off the event loop (a scheduler's keyer).
 
@@ -161,8 +197,9 @@ def make_keyer(
         kind: the answer kind.
         pattern: the ``regex`` kind's pattern.
         keys: whose workers and cache key the answers (None: the module's default).
+        reasoning_tags: the model's thought markers: a thought never votes.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
     """
-    return (keys if keys is not None else _default).keyer(kind, pattern)
+    return (keys if keys is not None else _default).keyer(kind, pattern, reasoning_tags)

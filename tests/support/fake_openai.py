@@ -37,7 +37,30 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["FakeServer", "FakeState", "create_app"]
+__all__ = [
+    "THOUGHT",
+    "THOUGHT_SHAPES",
+    "FakeServer",
+    "FakeState",
+    "Written",
+    "create_app",
+]
+
+
+#: How a reasoning model's samples are written (``FakeState.thoughts``): split by
+#: vLLM's reasoning parser into ``reasoning`` (``parser``) or its older
+#: ``reasoning_content`` (``parser_legacy``), both chat only (text completions
+#: get ``tags``); raw ``<think>...</think>`` (``tags``); R1's, with no opening
+#: tag (``r1``); gpt-oss's harmony channels (``harmony``).
+THOUGHT_SHAPES = ("parser", "parser_legacy", "tags", "r1", "harmony")
+PARSED = {"parser": "reasoning", "parser_legacy": "reasoning_content"}
+#: A thought full of answers that must never vote: a box, a choice, ``####``, numbers.
+THOUGHT = (
+    "Let me see, 3+4 is 7? No wait, maybe \\boxed{8}. Answer: (B)? "
+    "So #### 144, since 12*12 = 144. Hmm."
+)
+#: What a thought cut at max_tokens ends with (it never closes).
+CUT_TAIL = " But let me double check 12*12=144"
 
 
 @dataclass
@@ -63,6 +86,13 @@ class FakeState:
     ``Retry-After``; only the next ``retry_after_count`` when that is set),
     ``endless`` (a streamed answer that never ends), ``pad_bytes`` (each text
     padded to this size).
+    Reasoning models: ``thoughts`` makes each sample think first, written
+    in one of :data:`THOUGHT_SHAPES` (the thought is ``thought``, with
+    ``answers`` its text ends in ``"so the final answer is {a}."``);
+    ``cut_every`` cuts every k-th sample's thought at ``max_tokens`` (finish
+    reason ``length``, the thought never closed, a parser's content null);
+    ``reasoning_tokens`` reports each sample's thought tokens in
+    ``usage.completion_tokens_details``.
     ``authorizations`` records each completion request's ``Authorization``.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
@@ -91,6 +121,10 @@ class FakeState:
     retry_after_count: int | None = None
     endless: bool = False
     pad_bytes: int = 0
+    thoughts: str | None = None
+    thought: str = THOUGHT
+    cut_every: int = 0
+    reasoning_tokens: int | None = None
     authorizations: list[str | None] = field(default_factory=list)
     requests: int = 0
     in_flight: int = 0
@@ -110,8 +144,30 @@ class FakeState:
         self._serial += 1
         text = f"{self.name}:{self._serial}"
         if self.answers:
-            text += f" so the answer is {self._rng.choice(self.answers)}"
+            answer = self._rng.choice(self.answers)
+            text += (
+                f" so the final answer is {answer}."
+                if self.thoughts
+                else f" so the answer is {answer}"
+            )
         return text + " " * (self.pad_bytes - len(text))
+
+    def write(self, chat: bool) -> Written:
+        """The next sample, as the upstream writes it (with a thought if ``thoughts``)."""
+        text = self.next_text()
+        if self.thoughts is None:
+            return Written(text, finish_reason="stop" if chat else "length")
+        if self.thoughts not in THOUGHT_SHAPES:
+            raise ValueError(f"unknown thought shape {self.thoughts!r}")
+        cut = self.cut_every > 0 and self._serial % self.cut_every == 0
+        thought = self.thought + (CUT_TAIL if cut else "")
+        finish = "length" if cut else "stop"
+        field = PARSED.get(self.thoughts)
+        if field is not None and chat:
+            return Written(None if cut else text, thought, field, finish)
+        return Written(
+            _raw_thought(self.thoughts, thought, None if cut else text), None, "", finish
+        )
 
     def draw_fault(self) -> str | None:
         """The fault to inject into the next completion request, if any."""
@@ -134,6 +190,34 @@ class FakeState:
 
 
 _HANG_S = 3600.0  # an injected timeout: longer than any test waits
+
+
+@dataclass(frozen=True)
+class Written:
+    """One sample as the fake writes it.
+
+    Attributes:
+        text: its text (chat: its content; None: a reasoning parser's null content).
+        reasoning: its thought, split out by a reasoning parser (None: not split).
+        field: the message field the parser writes the thought to.
+        finish_reason: ``stop``, or ``length`` when cut.
+    """
+
+    text: str | None
+    reasoning: str | None = None
+    field: str = ""
+    finish_reason: str = "stop"
+
+
+def _raw_thought(shape: str, thought: str, final: str | None) -> str:
+    """A thought and a final answer (None: the thought was cut) as a model writes them raw."""
+    if shape == "harmony":
+        text = f"<|channel|>analysis<|message|>{thought}"
+        if final is not None:
+            text += f"<|end|><|start|>assistant<|channel|>final<|message|>{final}<|return|>"
+        return text
+    opening = "" if shape == "r1" else "<think>"  # R1's template opens the thought itself
+    return opening + thought + ("" if final is None else f"</think>\n\n{final}")
 
 
 class _Dropped(Exception):
@@ -171,29 +255,47 @@ def _event(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+def _pieces(written: Written, chat: bool) -> list[dict[str, Any]]:
+    """One sample's deltas (chat) or texts: its thought in two halves, then its text."""
+    pieces: list[dict[str, Any]] = []
+    if written.reasoning is not None:
+        half = len(written.reasoning) // 2
+        for part in (written.reasoning[:half], written.reasoning[half:]):
+            pieces.append({"delta": {written.field: part}})
+    if written.text is not None:
+        pieces.append({"delta": {"content": written.text}} if chat else {"text": written.text})
+    return pieces
+
+
+def _usage(state: FakeState, n: int) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": 5 * n}
+    if state.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": state.reasoning_tokens * n}
+    return usage
+
+
 async def _chunks(
-    state: FakeState, texts: list[str], chat: bool, stall: bool
+    state: FakeState, texts: list[Written], chat: bool, stall: bool
 ) -> AsyncIterator[str]:
     """``texts`` as OpenAI's streamed chunks; ``stall``: silence after the first chunk."""
     try:
         while state.endless:  # a hostile upstream: chunks for ever
             yield _event({"choices": [{"index": 0, "delta": {"content": "x" * 4096}}]})
             await asyncio.sleep(0)
-        for i, text in enumerate(texts):
-            piece = {"index": i, "delta": {"content": text}} if chat else {"index": i, "text": text}
-            yield _event({"choices": [piece]})
-            if stall:
-                await asyncio.sleep(_HANG_S)  # until the client leaves
+        for i, written in enumerate(texts):
+            for piece in _pieces(written, chat):
+                yield _event({"choices": [{"index": i, **piece}]})
+                if stall:
+                    await asyncio.sleep(_HANG_S)  # until the client leaves
         ends = [
-            {"index": i, "finish_reason": "stop", "delta": {}}
+            {"index": i, "finish_reason": w.finish_reason, "delta": {}}
             if chat
-            else {"index": i, "finish_reason": "length", "text": ""}
-            for i in range(len(texts))
+            else {"index": i, "finish_reason": w.finish_reason, "text": ""}
+            for i, w in enumerate(texts)
         ]
         yield _event({"choices": ends})
         if state.stream_usage:
-            usage = {"prompt_tokens": 3, "completion_tokens": 5 * len(texts)}
-            yield _event({"choices": [], "usage": usage})
+            yield _event({"choices": [], "usage": _usage(state, len(texts))})
         yield "data: [DONE]\n\n"
         state.samples_served += len(texts)
     except asyncio.CancelledError:
@@ -239,7 +341,7 @@ async def _complete(
             return _DropConnection()
         n = int(body.get("n", 1)) if state.honour_n else 1
         if streamed:
-            texts = [state.next_text() for _ in range(n)]
+            texts = [state.write(chat) for _ in range(n)]
             chunks = _chunks(state, texts, chat, stall=fault == "timeout")
             state.in_flight += 1  # until the stream ends
             return StreamingResponse(chunks, media_type="text/event-stream")
@@ -254,18 +356,22 @@ def _payload(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
     """A non-streamed completion body of ``n`` choices."""
     choices = []
     for i in range(n):
-        text = state.next_text()
+        written = state.write(chat)
         if chat:
-            message = {"role": "assistant", "content": text}
-            choices.append({"index": i, "message": message, "finish_reason": "stop"})
+            message = {"role": "assistant", "content": written.text}
+            if written.reasoning is not None:
+                message[written.field] = written.reasoning
+            choices.append({"index": i, "message": message, "finish_reason": written.finish_reason})
         else:
-            choices.append({"index": i, "text": text, "finish_reason": "length"})
+            choices.append(
+                {"index": i, "text": written.text, "finish_reason": written.finish_reason}
+            )
     return {
         "id": f"cmpl-{state.name}-{state.requests}",
         "object": "chat.completion" if chat else "text_completion",
         "model": state.model,
         "choices": choices,
-        "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n},
+        "usage": _usage(state, n),
     }
 
 

@@ -7,6 +7,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from blendserve.core.answers.thoughts import (
+    DEFAULT_REASONING_TAGS,
+    ReasoningTags,
+    Thought,
+    read_thought,
+)
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
@@ -101,11 +107,16 @@ class Sample:
     """One generated completion.
 
     Attributes:
-        text: the completion text.
+        text: the completion text (with a reasoning parser upstream, its
+            ``content``: the final answer alone).
         finish_reason: ``stop``, ``length``, ... as reported upstream.
         prompt_tokens: prompt tokens of the request that produced it.
-        completion_tokens: tokens of this completion.
+        completion_tokens: tokens of this completion (its thought's included).
         upstream: which upstream (URL or engine name) served it.
+        reasoning: the thought, where the upstream split it out (vLLM's
+            ``reasoning`` or ``reasoning_content``); None: the upstream did not
+            (``text`` may still hold one, see :meth:`thought`).
+        reasoning_tokens: tokens of the thought, where the upstream counts them.
     """
 
     text: str
@@ -113,6 +124,19 @@ class Sample:
     prompt_tokens: int
     completion_tokens: int
     upstream: str
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
+
+    def thought(self, tags: ReasoningTags = DEFAULT_REASONING_TAGS) -> Thought:
+        """This sample as a thought and a final answer, however the model and upstream wrote it.
+
+        Split upstream: ``text`` is the answer, and a thought with no answer
+        after it (the content null or blank) was cut. Else ``text`` is read
+        for ``tags`` and harmony channels (:func:`read_thought`).
+        """
+        if self.reasoning is not None:
+            return Thought(self.text, self.reasoning, cut=not self.text.strip())
+        return read_thought(self.text, tags)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "MAX_RETRY_AFTER",
+    "REASONING_FIELDS",
     "TOKENIZER_PATHS",
     "collect_events",
     "encode",
@@ -34,6 +35,7 @@ __all__ = [
     "once",
     "parse_response",
     "parse_samples",
+    "reasoning_of",
     "request_body",
     "retry_after",
     "sampling_body",
@@ -47,6 +49,8 @@ COMPLETIONS = "/completions"
 TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 #: The longest ``Retry-After`` that :func:`retry_after` reports.
 MAX_RETRY_AFTER = 30.0
+#: Where a reasoning parser puts a chat message's thought: vLLM's field, then its old name.
+REASONING_FIELDS = ("reasoning", "reasoning_content")
 # The engine sets these itself: an override would break sample accounting.
 _ENGINE_OWNED = frozenset({"n", "seed", "stream"})
 
@@ -184,16 +188,25 @@ def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
     if all(t is not None for t in own):
         tokens = [t or 0 for t in own]
     else:
-        share, rest = divmod(_count(usage.get("completion_tokens")), len(choices))
-        tokens = [share + (i < rest) for i in range(len(choices))]
+        tokens = _shares(_count(usage.get("completion_tokens")), len(choices))
+    reasoning_total = _reasoning_tokens(usage)
+    reasoning_tokens: list[int | None] = (
+        [None] * len(choices)
+        if reasoning_total is None
+        else list(_shares(reasoning_total, len(choices)))
+    )
     samples = []
-    for choice, completion_tokens in zip(choices, tokens, strict=True):
+    for choice, completion_tokens, thought_tokens in zip(
+        choices, tokens, reasoning_tokens, strict=True
+    ):
+        reasoning = None
         if chat:
             message = choice.get("message")
             if not isinstance(message, dict):
                 raise EngineProtocolError(f"{upstream}: a chat choice has no message")
-            # content is null when a reasoning parser kept everything in reasoning_content
+            # content is null when a reasoning parser kept everything in the thought
             text = message.get("content") or ""
+            reasoning = reasoning_of(message)
         else:
             text = choice.get("text")
         if not isinstance(text, str):
@@ -206,9 +219,36 @@ def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 upstream=upstream,
+                reasoning=reasoning,
+                reasoning_tokens=thought_tokens,
             )
         )
     return samples
+
+
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    """The thought a reasoning parser split out of a chat message or delta, if any.
+
+    vLLM writes it to ``reasoning`` (older versions: ``reasoning_content``, as
+    DeepSeek's API and llama.cpp's server do); either is read, never both.
+    """
+    for name in REASONING_FIELDS:
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    share, rest = divmod(total, parts)
+    return [share + (i < rest) for i in range(parts)]
+
+
+def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.completion_tokens_details.reasoning_tokens``: None where it is not reported."""
+    details = usage.get("completion_tokens_details")
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return _count(value) if value is not None else None
 
 
 async def lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
@@ -226,8 +266,13 @@ async def lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
 
 
 async def collect_events(stream: AsyncIterator[str]) -> dict[str, Any]:
-    """Assembles a streamed completion (server-sent lines) into the non-streamed shape."""
+    """Assembles a streamed completion (server-sent lines) into the non-streamed shape.
+
+    A chat stream's thought (``delta.reasoning`` or ``delta.reasoning_content``)
+    is assembled into the message's ``reasoning``.
+    """
     texts: dict[int, list[str]] = {}
+    thoughts: dict[int, list[str]] = {}
     finish: dict[int, Any] = {}
     usage: Any = None
     num_chunks = 0
@@ -245,17 +290,23 @@ async def collect_events(stream: AsyncIterator[str]) -> dict[str, Any]:
             delta = choice.get("delta")
             chat = chat or isinstance(delta, dict)
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            thought = reasoning_of(delta) if isinstance(delta, dict) else None
             if piece:
                 texts.setdefault(index, []).append(piece)
                 num_chunks += 1
             else:
                 texts.setdefault(index, [])
+            if thought:
+                thoughts.setdefault(index, []).append(thought)
+                num_chunks += 1
             if choice.get("finish_reason") is not None:
                 finish[index] = choice["finish_reason"]
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])
         body: dict[str, Any] = {"message": {"content": text}} if chat else {"text": text}
+        if index in thoughts:
+            body["message"]["reasoning"] = "".join(thoughts[index])
         choices.append({"index": index, "finish_reason": finish.get(index), **body})
     # An upstream without stream usage: a content chunk is about one token.
     return {"choices": choices, "usage": usage or {"completion_tokens": num_chunks}}

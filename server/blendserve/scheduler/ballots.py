@@ -5,33 +5,42 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from blendserve.answers import DEFAULT_REASONING_TAGS, ReasoningTags, SampleKeyer
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Sample
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
 from blendserve.scheduler.spec import Keyer
 
-__all__ = ["TRUNCATED_LIMIT", "Ballots"]
+__all__ = ["TRUNCATED_LIMIT", "Ballots", "reasoning_tags_of"]
 
 #: Samples cut at ``max_tokens`` since the question's last vote after which it
 #: stops (``stopped="truncated"``): its samples keep being cut, and more would too.
 TRUNCATED_LIMIT = 3
 
 
+def reasoning_tags_of(keyer: Keyer) -> ReasoningTags:
+    """The thought markers ``keyer`` reads with (a plain callable: the defaults)."""
+    return keyer.reasoning_tags if isinstance(keyer, SampleKeyer) else DEFAULT_REASONING_TAGS
+
+
 @dataclass
 class Ballots:
-    """Per answer key, the first answer, completion and finish reason seen; the last
-    abstention; the samples cut at ``max_tokens``; the tokens spent. The votes
+    """Per answer key, the first answer, completion, thought and finish reason seen; the
+    last abstention; the samples cut at ``max_tokens``; the tokens spent. The votes
     themselves live in a :class:`VoteState`."""
 
     # canonical key -> (first extracted answer, its completion)
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    thoughts: dict[str, str] = field(default_factory=dict)  # key -> its completion's thought
     usage: Usage = field(default_factory=Usage)
     abstained: str | None = None  # the last completion with no answer
     abstained_finish_reason: str | None = None
+    abstained_thought: str | None = None
     truncated: int = 0  # samples cut at max_tokens since the last vote
     last_truncated: str | None = None  # the last of them
+    last_truncated_thought: str | None = None
     stopped: str | None = None  # why the question stopped early ("truncated")
 
     @property
@@ -47,25 +56,36 @@ class Ballots:
         return True
 
     async def add(self, sample: Sample, keyer: Keyer) -> str | None:
-        """Keys one sample and keeps what an answer needs; its key (None: it abstains).
+        """Keys one sample's final answer, keeping what an answer needs; its key (None: abstains).
 
-        A sample cut at ``max_tokens`` is truncated: it never votes, and
-        ``TRUNCATED_LIMIT`` of them since the last vote make the question cut (:attr:`is_cut`).
+        A reasoning model's thought never votes: the keyer reads the final
+        answer alone (:meth:`Sample.thought`, with the keyer's tags). A sample
+        cut at ``max_tokens``, or whose thought never closed (its finish
+        reason is then ``length``), is truncated: it never votes, and
+        ``TRUNCATED_LIMIT`` of them since the last vote make the question cut
+        (:attr:`is_cut`).
         """
-        truncated = sample.finish_reason == "length"
+        thought = sample.thought(reasoning_tags_of(keyer))
+        finish_reason = "length" if thought.cut else sample.finish_reason
+        text, reasoning = thought.content, thought.reasoning
+        truncated = finish_reason == "length"
         if truncated:
             self.truncated += 1
-            self.last_truncated = sample.text
-        answer, key = (None, None) if truncated else await keyer(sample.text)
+            self.last_truncated, self.last_truncated_thought = text, reasoning
+        answer, key = (None, None) if truncated else await keyer(text)
         if key is None:
-            self.abstained = sample.text
-            self.abstained_finish_reason = sample.finish_reason
+            self.abstained, self.abstained_thought = text, reasoning
+            self.abstained_finish_reason = finish_reason
         else:
             self.truncated = 0
             if key not in self.answers:
-                self.answers[key] = (answer if answer is not None else key, sample.text)
-                self.finish_reasons[key] = sample.finish_reason
-        self.usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+                self.answers[key] = (answer if answer is not None else key, text)
+                self.finish_reasons[key] = finish_reason
+                if reasoning is not None:
+                    self.thoughts[key] = reasoning
+        self.usage.add(
+            Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
+        )
         return key
 
     def answer_event(
@@ -85,8 +105,10 @@ class Ballots:
         counts = {str(k): v for k, v in votes.counts[q].items()}
         winner = self.answers.get(winner_key) if winner_key is not None else None
         abstained, abstained_finish = self.abstained, self.abstained_finish_reason
+        abstained_thought = self.abstained_thought
         if self.stopped == "truncated" and winner is None:
             abstained, abstained_finish = self.last_truncated, "length"  # why it stopped
+            abstained_thought = self.last_truncated_thought
         return AnswerEvent(
             index=index,
             id=id,
@@ -111,4 +133,6 @@ class Ballots:
             finish_reasons={k: self.finish_reasons[k] for k in counts},
             abstained_finish_reason=abstained_finish,
             stopped=self.stopped,
+            thoughts={k: self.thoughts[k] for k in counts if k in self.thoughts},
+            abstained_thought=abstained_thought,
         )

@@ -25,17 +25,24 @@ class JobStatus(IntEnum):
 
 @dataclass
 class Usage:
-    """Samples and tokens spent."""
+    """Samples and tokens spent.
+
+    ``reasoning_tokens`` are the completion tokens spent thinking, where the
+    upstream counts them (None: no sample's upstream did).
+    """
 
     samples: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int | None = None
 
     def add(self, other: Usage) -> None:
         """Adds ``other`` into this."""
         self.samples += other.samples
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        if other.reasoning_tokens is not None:
+            self.reasoning_tokens = (self.reasoning_tokens or 0) + other.reasoning_tokens
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class AnswerEvent:
         samples: samples spent on the question (abstentions included).
         confidence: how sure the vote is.
         settled_early: stopped by ``settle_delta`` before the budget ran out.
-        completion: one sampled completion whose answer is the winner.
+        completion: one sampled completion whose answer is the winner (a
+            reasoning model's final answer: its thought is in ``thoughts``).
         usage: tokens spent on this question.
         partial: the job failed before this question got all it would have.
         candidates: every voted key, the winner first, then by votes,
@@ -81,6 +89,9 @@ class AnswerEvent:
         stopped: ``truncated`` when the question stopped because
             ``TRUNCATED_LIMIT`` (3) of its samples since its last vote were cut
             at ``max_tokens``; None otherwise.
+        thoughts: every voted key whose completion in ``candidates`` came
+            with a thought -> that thought (a reasoning model's).
+        abstained_thought: the thought of ``abstained``, if it had one.
     """
 
     index: int
@@ -99,6 +110,13 @@ class AnswerEvent:
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
     abstained_finish_reason: str | None = None
     stopped: str | None = None
+    thoughts: dict[str, str] = field(default_factory=dict)
+    abstained_thought: str | None = None
+
+    @property
+    def reasoning(self) -> str | None:
+        """The thought of ``completion``, if it had one."""
+        return self.thoughts.get(self.key) if self.key is not None else None
 
 
 @dataclass(frozen=True)

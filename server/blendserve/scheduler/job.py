@@ -371,7 +371,9 @@ class Job:
         for sample in samples[:requested]:
             key = await state.add(sample, self.keyer)
             self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
-            self._usage.add(Usage(1, sample.prompt_tokens, sample.completion_tokens))
+            self._usage.add(
+                Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
+            )
             self.policy.observe(q, key)
         for _ in range(requested - min(requested, len(samples))):
             self.policy.cancel(q)  # an engine that returned too few: refund, never lose

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from blendserve import answers
-from blendserve.answers import AnswerKeys, AnswerKind
+from blendserve.answers import DEFAULT_REASONING_TAGS, AnswerKeys, AnswerKind, ReasoningTags
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
@@ -53,6 +53,7 @@ class JobDefaults:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     request_timeout: float | None = None
     failure_timeout: float = 5.0
+    reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JobDefaults:
@@ -63,6 +64,7 @@ class JobDefaults:
             max_rounds=settings.default_max_rounds,
             request_timeout=settings.upstream_timeout,
             failure_timeout=settings.job_failure_timeout,
+            reasoning_tags=ReasoningTags.parse(settings.reasoning_tags),
         )
 
 
@@ -111,9 +113,15 @@ class JobOptions:
         """Equal for options that may share a job or a pool."""
         return json.dumps(asdict(self), sort_keys=True, default=str)
 
-    def keyer(self, keys: AnswerKeys | None = None) -> Keyer:
-        """A fresh keyer of the options' answer format (``keys`` as for make_keyer)."""
-        return answers.make_keyer(self.answer_kind, self.answer_pattern, keys)
+    def keyer(
+        self,
+        keys: AnswerKeys | None = None,
+        reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
+    ) -> Keyer:
+        """A fresh keyer of the options' answer format (arguments as for make_keyer)."""
+        return answers.make_keyer(
+            self.answer_kind, self.answer_pattern, keys, reasoning_tags=reasoning_tags
+        )
 
 
 @dataclass(frozen=True)
@@ -134,8 +142,12 @@ class JobMaker:
     defaults: JobDefaults = field(default_factory=JobDefaults)
     keys: AnswerKeys | None = None
 
+    def keyer(self, options: JobOptions) -> Keyer:
+        """A fresh keyer of ``options``' answer format, reading the service's thought tags."""
+        return options.keyer(self.keys, self.defaults.reasoning_tags)
+
     def _parts(self, options: JobOptions) -> tuple[Engine, Keyer]:
-        return for_answers(self.engine, options.answer_kind), options.keyer(self.keys)
+        return for_answers(self.engine, options.answer_kind), self.keyer(options)
 
     def job(self, options: JobOptions, questions: Sequence[Question], budget: int) -> Job:
         """A budgeted job of ``questions``."""
@@ -183,4 +195,4 @@ class JobMaker:
             request_timeout=self.defaults.request_timeout,
         )
         engine, keyer = self._parts(options)
-        return Pool(spec, engine, keyer, name, client_keyer=lambda: options.keyer(self.keys))
+        return Pool(spec, engine, keyer, name, client_keyer=lambda: self.keyer(options))

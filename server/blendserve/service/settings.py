@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from blendserve.core.answers import ReasoningTags
 from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
@@ -114,6 +115,12 @@ class Settings(BaseSettings):
     group_max: int = Field(
         256, ge=1, description="/v1 grouped: questions that start a group at once"
     )
+    reasoning_tags: str = Field(
+        "<think>,</think>",
+        description="the tags around a reasoning model's thought, 'open,close': answers are "
+        "read after the closing one (harmony's final channel is read too), and a thought "
+        "that never closed is a cut sample",
+    )
     sympy_workers: int = Field(
         2,
         ge=1,
@@ -173,6 +180,12 @@ class Settings(BaseSettings):
     @classmethod
     def _servable(cls, value: str) -> str:
         return check_policy(value)
+
+    @field_validator("reasoning_tags")
+    @classmethod
+    def _two_tags(cls, value: str) -> str:
+        ReasoningTags.parse(value)
+        return value
 
     @field_validator("data", "model_cache_dir", "api_key_file")
     @classmethod

@@ -30,14 +30,23 @@ from blendserve.core.answers.normalize import (
     number_key,
     scan_boxes,
 )
+from blendserve.core.answers.thoughts import (
+    DEFAULT_REASONING_TAGS,
+    ReasoningTags,
+    Thought,
+    read_thought,
+)
 
 __all__ = [
+    "DEFAULT_REASONING_TAGS",
     "KINDS",
     "MAX_SYMPY_CHARS",
     "REGEX_TIMEOUT_S",
     "AnswerKind",
+    "ReasoningTags",
     "RegexTimeout",
     "RegexUnavailable",
+    "Thought",
     "check_kind",
     "choice_key",
     "clean_math",
@@ -48,6 +57,7 @@ __all__ = [
     "math_fallback_key",
     "number_key",
     "plain_number_key",
+    "read_thought",
     "scan_boxes",
     "search_re",
     "search_regex",

@@ -13,8 +13,11 @@ Kinds (see :data:`KINDS`):
 * ``exact``: the trimmed, whitespace-folded text.
 * ``auto``: boxed, else ``####``, else "answer is", else the last number.
 
-An unclosed last box means a truncated sample: every kind but ``regex`` and
-``exact`` abstains on it. Every pattern here is linear in the input.
+Every kind reads the final answer, never a thought (:mod:`.thoughts`): the
+text after a reasoning model's closing tag, or its harmony ``final`` channel;
+a sample whose thought never closed has no final answer, and abstains in every
+kind. An unclosed last box means a truncated sample: every kind but ``regex``
+and ``exact`` abstains on it. Every pattern here is linear in the input.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from functools import lru_cache
 from typing import Any, Literal, get_args
 
 from blendserve.core.answers.normalize import NUMBER_RE, fold_ws, scan_boxes, unwrap_box
+from blendserve.core.answers.thoughts import DEFAULT_REASONING_TAGS, ReasoningTags, read_thought
 
 _regex_module: Any
 try:  # the third-party ``regex`` module: like ``re``, with a timeout
@@ -338,24 +342,38 @@ def search_re(text: str, pattern: str) -> str | None:
 
 
 def extract(
-    text: str, kind: str, pattern: str | None = None, timeout: float = REGEX_TIMEOUT_S
+    text: str,
+    kind: str,
+    pattern: str | None = None,
+    timeout: float = REGEX_TIMEOUT_S,
+    *,
+    reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
 ) -> str | None:
     """The final answer of one sample for ``kind``, or None to abstain.
+
+    Only the final answer is read, never a thought (see :func:`read_thought`);
+    a sample whose thought never closed abstains.
 
     Args:
         text: the sample's completion text.
         kind: one of :data:`KINDS`.
         pattern: the regular expression of the ``regex`` kind (required there).
         timeout: the ``regex`` kind's time limit, in seconds.
+        reasoning_tags: the model's thought markers.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.
         RegexTimeout: the ``regex`` kind's search ran past ``timeout``.
     """
     check_kind(kind)
+    if kind == "regex" and not pattern:
+        raise ValueError("answer kind 'regex' needs a pattern")
+    thought = read_thought(text, reasoning_tags)
+    if thought.cut:
+        return None
+    text = thought.content
     if kind == "regex":
-        if not pattern:
-            raise ValueError("answer kind 'regex' needs a pattern")
+        assert pattern is not None
         return search_regex(text, pattern, timeout)
     if kind == "number":
         return _extract_number(text)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from blendserve.core.answers import DEFAULT_REASONING_TAGS, ReasoningTags
 from blendserve.engines.base import Sample
 from blendserve.scheduler import AnswerEvent
 from blendserve.service.openai.schemas import (
@@ -17,6 +18,7 @@ from blendserve.service.openai.schemas import (
     ChatMessageOut,
     Completion,
     CompletionChoice,
+    CompletionTokensDetails,
     UsageInfo,
     VoteOut,
 )
@@ -29,11 +31,12 @@ DONE = "data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Choice:
-    """One choice: its index, text and finish reason."""
+    """One choice: its index, text (a reasoning model's final answer), finish reason and thought."""
 
     index: int
     text: str
     finish_reason: str | None
+    reasoning: str | None = None
 
 
 def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
@@ -43,25 +46,40 @@ def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
     had fewer distinct answers; one, its last completion, when it had none).
     Each keeps its sample's finish reason: ``length`` says it was cut at
     ``max_tokens`` (a truncated sample never votes, so that is the case of a
-    question whose every sample was cut, or of one stopped ``truncated``).
+    question whose every sample was cut, or of one stopped ``truncated``),
+    and its thought, if it had one.
     """
     choices = []
     for i, event in enumerate(events):
         picked = [
-            (completion, event.finish_reasons.get(key))
+            (completion, event.finish_reasons.get(key), event.thoughts.get(key))
             for key, (_, completion) in event.candidates.items()
         ][:n]
         if not picked:
-            picked = [(event.abstained or "", event.abstained_finish_reason)]
+            picked = [
+                (event.abstained or "", event.abstained_finish_reason, event.abstained_thought)
+            ]
         choices += [
-            Choice(i * n + j, text, finish or "stop") for j, (text, finish) in enumerate(picked)
+            Choice(i * n + j, text, finish or "stop", thought)
+            for j, (text, finish, thought) in enumerate(picked)
         ]
     return choices
 
 
-def choices_from_samples(samples: Sequence[Sample], start: int = 0) -> list[Choice]:
-    """Plain samples as choices (self-consistency off, on an engine with no raw upstream)."""
-    return [Choice(start + j, s.text, s.finish_reason) for j, s in enumerate(samples)]
+def choices_from_samples(
+    samples: Sequence[Sample], start: int = 0, tags: ReasoningTags = DEFAULT_REASONING_TAGS
+) -> list[Choice]:
+    """Plain samples as choices (self-consistency off, on an engine with no raw upstream).
+
+    Each is read for a thought with ``tags``, as a voted sample is: one whose
+    thought never closed finishes ``length``.
+    """
+    choices = []
+    for j, sample in enumerate(samples):
+        thought = sample.thought(tags)
+        finish = "length" if thought.cut else sample.finish_reason
+        choices.append(Choice(start + j, thought.content, finish, thought.reasoning))
+    return choices
 
 
 def vote_out(event: AnswerEvent, temperature: float | None) -> VoteOut:
@@ -95,7 +113,9 @@ class Reply:
                 choices=[
                     ChatChoice(
                         index=c.index,
-                        message=ChatMessageOut(content=c.text),
+                        message=ChatMessageOut(
+                            content=c.text, reasoning=c.reasoning, reasoning_content=c.reasoning
+                        ),
                         finish_reason=c.finish_reason,
                     )
                     for c in choices
@@ -108,7 +128,13 @@ class Reply:
             created=self.created,
             model=self.model,
             choices=[
-                CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
+                CompletionChoice(
+                    index=c.index,
+                    text=c.text,
+                    finish_reason=c.finish_reason,
+                    reasoning=c.reasoning,
+                    reasoning_content=c.reasoning,
+                )
                 for c in choices
             ],
             usage=usage,
@@ -139,22 +165,35 @@ class Reply:
         usage: UsageInfo | None,
         votes: Sequence[VoteOut] | None,
     ) -> Iterator[str]:
-        """Every choice's content and finish, the usage chunk if asked, then ``[DONE]``."""
+        """Every choice's thought, content and finish, the usage chunk if asked, then ``[DONE]``.
+
+        A thought goes first, in a chunk of its own: ``delta.reasoning`` and
+        ``delta.reasoning_content`` (a text completion's choice: ``reasoning``
+        and ``reasoning_content``), as vLLM streams a reasoning parser's.
+        """
         extra: dict[str, Any] = {}
         if votes is not None:
             dumped = [v.model_dump() for v in votes]
             extra["blendserve"] = dumped[0] if self.chat else dumped
         for c in choices:
+            thought = (
+                {"reasoning": c.reasoning, "reasoning_content": c.reasoning}
+                if c.reasoning is not None
+                else None
+            )
             if self.chat:
-                delta: dict[str, Any] = {"content": c.text}
+                deltas: list[dict[str, Any]] = [thought] if thought else []
+                deltas.append({"content": c.text})
                 if c.index != 0:
-                    delta["role"] = "assistant"
-                yield self._chunk([{"index": c.index, "delta": delta, "finish_reason": None}])
+                    deltas[0] = {"role": "assistant", **deltas[0]}
+                for delta in deltas:
+                    yield self._chunk([{"index": c.index, "delta": delta, "finish_reason": None}])
                 last = {"index": c.index, "delta": {}, "finish_reason": c.finish_reason}
             else:
-                yield self._chunk(
-                    [{"index": c.index, "text": c.text, "finish_reason": None, "logprobs": None}]
-                )
+                piece = {"index": c.index, "text": "", "finish_reason": None, "logprobs": None}
+                if thought:
+                    yield self._chunk([{**piece, **thought}])
+                yield self._chunk([{**piece, "text": c.text}])
                 last = {
                     "index": c.index,
                     "text": "",
@@ -167,10 +206,21 @@ class Reply:
         yield DONE
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    """OpenAI's usage object."""
+def usage_of(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None
+) -> UsageInfo:
+    """OpenAI's usage object; ``reasoning_tokens`` (None: not counted) in its details."""
     return UsageInfo(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        completion_tokens_details=None
+        if reasoning_tokens is None
+        else CompletionTokensDetails(reasoning_tokens=reasoning_tokens),
     )
+
+
+def reasoning_tokens_of(counts: Iterable[int | None]) -> int | None:
+    """The sum of the counted ``counts``; None when none was counted."""
+    known = [count for count in counts if count is not None]
+    return sum(known) if known else None

@@ -35,6 +35,7 @@ __all__ = [
     "ChatCompletionRequest",
     "Completion",
     "CompletionRequest",
+    "CompletionTokensDetails",
     "PromptInput",
     "VoteOut",
 ]
@@ -220,12 +221,28 @@ class CompletionRequest(_Request):
         return [self.prompt]  # type: ignore[list-item]
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's ``usage.completion_tokens_details``."""
+
+    reasoning_tokens: int = Field(description="completion tokens spent thinking")
+
+
 class UsageInfo(BaseModel):
     """OpenAI's ``usage``: tokens of every sample spent on the request's questions."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None,
+        exclude_if=_absent,
+        description="where the upstream counts a reasoning model's thought tokens (left out "
+        "where it does not)",
+    )
 
 
 class VoteOut(BaseModel):
@@ -246,11 +263,23 @@ class VoteOut(BaseModel):
     stopped: StoppedOut = None
 
 
+#: A sample's thought, as vLLM's reasoning parser returns it (left out when there is none).
+_REASONING = Field(
+    None,
+    exclude_if=_absent,
+    description="a reasoning model's thought before the content (its final answer)",
+)
+#: The same under its older name, for clients that read that one.
+_REASONING_CONTENT = Field(None, exclude_if=_absent, description="reasoning, under its older name")
+
+
 class ChatMessageOut(BaseModel):
-    """The assistant's message."""
+    """The assistant's message: the final answer in ``content``, a thought in ``reasoning``."""
 
     role: Literal["assistant"] = "assistant"
     content: str
+    reasoning: str | None = _REASONING
+    reasoning_content: str | None = _REASONING_CONTENT
 
 
 class ChatChoice(BaseModel):
@@ -277,12 +306,14 @@ class ChatCompletion(BaseModel):
 
 
 class CompletionChoice(BaseModel):
-    """One choice of a text completion."""
+    """One choice of a text completion: the final answer in ``text``, a thought in ``reasoning``."""
 
     index: int
     text: str
     finish_reason: str | None
     logprobs: None = None
+    reasoning: str | None = _REASONING
+    reasoning_content: str | None = _REASONING_CONTENT
 
 
 class Completion(BaseModel):

@@ -28,6 +28,7 @@ from blendserve.service.openai.render import (
     Reply,
     choices_from_answers,
     choices_from_samples,
+    reasoning_tokens_of,
     usage_of,
     vote_out,
 )
@@ -148,6 +149,7 @@ async def _self_consistent(
             usage = usage_of(
                 sum(e.usage.prompt_tokens for e in events),
                 sum(e.usage.completion_tokens for e in events),
+                reasoning_tokens_of(e.usage.reasoning_tokens for e in events),
             )
             return choices, usage, [vote_out(e, voting.temperature) for e in events]
 
@@ -243,11 +245,15 @@ async def _emulate(request: Request, state: ServiceState, body: _Body) -> Respon
             asyncio.gather(*(state.engine.generate(ask) for ask in asks))
         )
     reply = Reply(isinstance(body, ChatCompletionRequest), _model(state, body.model))
-    choices = [c for i, samples in enumerate(results) for c in choices_from_samples(samples, i * n)]
+    tags = state.job_maker.defaults.reasoning_tags
+    choices = [
+        c for i, samples in enumerate(results) for c in choices_from_samples(samples, i * n, tags)
+    ]
     samples = [s for result in results for s in result]
     usage = usage_of(
         sum(result[0].prompt_tokens for result in results if result),
         sum(s.completion_tokens for s in samples),
+        reasoning_tokens_of(s.reasoning_tokens for s in samples),
     )
     if body.stream:
         lines = [

@@ -77,13 +77,14 @@ async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
     return maker.job(options, questions, request.total_budget)
 
 
-def answer_out(event: AnswerEvent) -> AnswerOut:
-    """The response form of an answer event."""
+def answer_out(event: AnswerEvent, include_reasoning: bool = False) -> AnswerOut:
+    """The response form of an answer event (its completion's thought, if asked for)."""
     return AnswerOut(
         index=event.index,
         id=event.id,
         completion=event.completion,
         usage=UsageOut(**asdict(event.usage)),
+        reasoning=event.reasoning if include_reasoning else None,
         **vote_fields(event),
     )
 
@@ -119,43 +120,50 @@ async def _events(job: Runnable, slot: Slot | None) -> AsyncGenerator[Event, Non
                 yield event
 
 
-async def collect(job: Runnable, slot: Slot | None = None) -> SolveResponse:
+async def collect(
+    job: Runnable, slot: Slot | None = None, *, include_reasoning: bool = False
+) -> SolveResponse:
     """Runs the job to the end and returns every answer in question order.
 
     Args:
         job: the job.
         slot: its admission, given back question by question as they are answered.
+        include_reasoning: each answer carries its completion's thought.
     """
     answers: list[AnswerOut] = []
     async with aclosing(_events(job, slot)) as events:
         async for event in events:
             if isinstance(event, AnswerEvent):
-                answers.append(answer_out(event))
+                answers.append(answer_out(event, include_reasoning))
             elif isinstance(event, DoneEvent):
                 return _summary(event, answers)
     raise AssertionError("a job always ends with a done event")
 
 
-def _payload(event: Event) -> tuple[str, dict[str, object]]:
+def _payload(event: Event, include_reasoning: bool) -> tuple[str, dict[str, object]]:
     if isinstance(event, AnswerEvent):
-        return "answer", answer_out(event).model_dump()
+        return "answer", answer_out(event, include_reasoning).model_dump()
     if isinstance(event, ProgressEvent):
         return "progress", asdict(event)
     return "done", _summary(event, []).model_dump(exclude={"answers"})
 
 
-async def sse_frames(job: Runnable, slot: Slot | None = None) -> AsyncIterator[str]:
-    """Server-sent events: ``answer``, ``progress``, then ``done`` (``slot`` as for collect)."""
+async def sse_frames(
+    job: Runnable, slot: Slot | None = None, *, include_reasoning: bool = False
+) -> AsyncIterator[str]:
+    """Server-sent events: ``answer``, ``progress``, then ``done`` (arguments as for collect)."""
     # Closed with the response, however it ends: the job's requests go with it.
     async with aclosing(_events(job, slot)) as events:
         async for event in events:
-            name, data = _payload(event)
+            name, data = _payload(event, include_reasoning)
             yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-async def ndjson_lines(job: Runnable, slot: Slot | None = None) -> AsyncIterator[str]:
-    """One JSON object a line: ``{"event": ..., "data": ...}`` (``slot`` as for collect)."""
+async def ndjson_lines(
+    job: Runnable, slot: Slot | None = None, *, include_reasoning: bool = False
+) -> AsyncIterator[str]:
+    """One JSON object a line: ``{"event": ..., "data": ...}`` (arguments as for collect)."""
     async with aclosing(_events(job, slot)) as events:
         async for event in events:
-            name, data = _payload(event)
+            name, data = _payload(event, include_reasoning)
             yield json.dumps({"event": name, "data": data}) + "\n"

@@ -53,15 +53,19 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
         built = await build_job(body, state.job_maker)
         job = state.running.add(built)
         accept = request.headers.get("accept", "")
+        thoughts = body.include_reasoning
         if "application/x-ndjson" in accept:
-            return held.stream(ndjson_lines(job, held.slot), media_type="application/x-ndjson")
+            return held.stream(
+                ndjson_lines(job, held.slot, include_reasoning=thoughts),
+                media_type="application/x-ndjson",
+            )
         if body.stream or "text/event-stream" in accept:
             return held.stream(
-                sse_frames(job, held.slot),
+                sse_frames(job, held.slot, include_reasoning=thoughts),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await held.wait(collect(job, held.slot))
+        return await held.wait(collect(job, held.slot, include_reasoning=thoughts))
 
 
 def _budget(body: SolveRequest) -> Budget:

@@ -145,6 +145,11 @@ class SolveRequest(RequestModel):
     max_samples_per_question: int | None = Field(
         None, ge=1, le=1_000_000, description="with confidence: the cap (default 64)"
     )
+    include_reasoning: bool = Field(
+        False,
+        description="add each answer's reasoning: the thought of its completion (a reasoning "
+        "model's; null where it had none)",
+    )
     stream: bool = False
 
     @model_validator(mode="before")
@@ -200,6 +205,11 @@ class UsageOut(BaseModel):
     samples: int
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int | None = Field(
+        None,
+        description="of the completion tokens, those spent thinking, where the upstream "
+        "counts them (null: it does not)",
+    )
 
 
 class AnswerOut(BaseModel):
@@ -213,10 +223,18 @@ class AnswerOut(BaseModel):
     samples: int
     confidence: ConfidenceOut
     settled_early: bool
-    completion: str | None
+    completion: str | None = Field(
+        description="a sample whose answer won (a reasoning model's: its final answer, "
+        "without the thought)"
+    )
     usage: UsageOut
     partial: bool = False
     stopped: StoppedOut = None
+    reasoning: str | None = Field(
+        None,
+        description="with include_reasoning: the thought of completion (null where it had "
+        "none, and without include_reasoning)",
+    )
 
 
 class BudgetOut(BaseModel):
