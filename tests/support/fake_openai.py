@@ -43,6 +43,7 @@ __all__ = [
     "FakeServer",
     "FakeState",
     "Written",
+    "completion_body",
     "create_app",
 ]
 
@@ -92,7 +93,8 @@ class FakeState:
     ``cut_every`` cuts every k-th sample's thought at ``max_tokens`` (finish
     reason ``length``, the thought never closed, a parser's content null);
     ``reasoning_tokens`` reports each sample's thought tokens in
-    ``usage.completion_tokens_details``.
+    ``usage.completion_tokens_details``; ``reasoning_tags`` are the tags a raw
+    thought is written between.
     ``authorizations`` records each completion request's ``Authorization``.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
@@ -125,6 +127,7 @@ class FakeState:
     thought: str = THOUGHT
     cut_every: int = 0
     reasoning_tokens: int | None = None
+    reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     authorizations: list[str | None] = field(default_factory=list)
     requests: int = 0
     in_flight: int = 0
@@ -165,9 +168,8 @@ class FakeState:
         field = PARSED.get(self.thoughts)
         if field is not None and chat:
             return Written(None if cut else text, thought, field, finish)
-        return Written(
-            _raw_thought(self.thoughts, thought, None if cut else text), None, "", finish
-        )
+        raw = _raw_thought(self.thoughts, thought, None if cut else text, self.reasoning_tags)
+        return Written(raw, None, "", finish)
 
     def draw_fault(self) -> str | None:
         """The fault to inject into the next completion request, if any."""
@@ -209,15 +211,15 @@ class Written:
     finish_reason: str = "stop"
 
 
-def _raw_thought(shape: str, thought: str, final: str | None) -> str:
+def _raw_thought(shape: str, thought: str, final: str | None, tags: tuple[str, str]) -> str:
     """A thought and a final answer (None: the thought was cut) as a model writes them raw."""
     if shape == "harmony":
         text = f"<|channel|>analysis<|message|>{thought}"
         if final is not None:
             text += f"<|end|><|start|>assistant<|channel|>final<|message|>{final}<|return|>"
         return text
-    opening = "" if shape == "r1" else "<think>"  # R1's template opens the thought itself
-    return opening + thought + ("" if final is None else f"</think>\n\n{final}")
+    opening = "" if shape == "r1" else tags[0]  # R1's template opens the thought itself
+    return opening + thought + ("" if final is None else f"{tags[1]}\n\n{final}")
 
 
 class _Dropped(Exception):
@@ -345,14 +347,14 @@ async def _complete(
             chunks = _chunks(state, texts, chat, stall=fault == "timeout")
             state.in_flight += 1  # until the stream ends
             return StreamingResponse(chunks, media_type="text/event-stream")
-        payload = _payload(state, n, chat)
+        payload = completion_body(state, n, chat)
         state.samples_served += n
         return Response(json.dumps(payload), media_type="application/json")
     finally:
         state.in_flight -= 1
 
 
-def _payload(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
+def completion_body(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
     """A non-streamed completion body of ``n`` choices."""
     choices = []
     for i in range(n):

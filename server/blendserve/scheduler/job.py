@@ -308,10 +308,8 @@ class Job:
         if self._plan is not None:
             free = self.engine.load().free
             if free > limit - policy.num_pending:
-                waves = self._dispatch_waves(self._plan, free)
-                if waves or policy.num_pending:
-                    self._send(waves, in_flight)
-                    return
+                self._send(self._dispatch_waves(self._plan, free), in_flight)
+                return
         sizes: dict[int, int] = {}
         for _ in range(limit - policy.num_pending):
             chosen = policy.select(1)

@@ -122,6 +122,54 @@ def test_a_chat_choice_with_null_content_is_an_empty_sample() -> None:
     assert parse_samples(payload, True, "up")[0].text == ""
 
 
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_a_reasoning_parsers_thought_is_read_from_either_field(field: str) -> None:
+    payload = {
+        "choices": [
+            {"index": 0, "message": {"content": "7", field: "maybe 8"}, "finish_reason": "stop"},
+            {"index": 1, "message": {"content": None, field: "12*12"}, "finish_reason": "length"},
+            {"index": 2, "message": {"content": "plain"}, "finish_reason": "stop"},
+        ],
+        "usage": {
+            "prompt_tokens": 4,
+            "completion_tokens": 30,
+            "completion_tokens_details": {"reasoning_tokens": 20},
+        },
+    }
+    samples = parse_samples(payload, True, "up")
+    assert [(s.text, s.reasoning) for s in samples] == [
+        ("7", "maybe 8"),
+        ("", "12*12"),
+        ("plain", None),
+    ]
+    assert [s.reasoning_tokens for s in samples] == [7, 7, 6]  # the upstream's 20, shared
+    assert [s.thought().cut for s in samples] == [False, True, False]  # the thought never ended
+    assert [
+        s.reasoning_tokens for s in parse_samples({"choices": [{"text": "a"}]}, False, "u")
+    ] == [None]  # not counted upstream: unknown, not 0
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_a_streamed_thought_is_reassembled_with_its_token_count(field: str) -> None:
+    usage = {
+        "prompt_tokens": 3,
+        "completion_tokens": 9,
+        "completion_tokens_details": {"reasoning_tokens": 6},
+    }
+    payload = _collect(
+        _events(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"index": 0, "delta": {field: "12*12 ", "content": None}}]},
+            {"choices": [{"index": 0, "delta": {field: "= 144"}}]},
+            {"choices": [{"index": 0, "delta": {"content": "144"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage},
+        )
+    )
+    (sample,) = parse_samples(payload, True, "up")
+    assert (sample.text, sample.reasoning, sample.reasoning_tokens) == ("144", "12*12 = 144", 6)
+    assert sample.completion_tokens == 9
+
+
 @pytest.mark.parametrize(
     ("payload", "match"),
     [

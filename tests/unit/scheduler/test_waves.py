@@ -50,7 +50,7 @@ def _run(job: Job) -> tuple[list[Any], float]:
     return run_virtual(events())
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     num_questions=st.integers(1, 48),
     per_question=st.integers(1, 24),

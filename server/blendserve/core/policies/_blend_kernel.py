@@ -12,19 +12,66 @@ Three arrays hold the whole state, so a selection or a vote is one compiled call
   shifts the boundaries in between, in O(distance) swaps.
 - ``questions[row, i]`` (int): rows ``SLOT_OF`` (question -> slot), ``POSITION``
   (question -> index in ``order``) and ``ORDER`` (index -> question).
+
+Numba (and llvmlite with it) is imported at the first kernel call, not with this
+module: a process that never runs Blend-ASC never loads it. vLLM's CPU workers,
+spawned from the service, import its main module again and scan every loaded module
+for kernels to override, and llvmlite's bindings break that scan.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
 
 LOG_ASC, LOG_PPR, RANK_ASC, RANK_PPR, COUNT = range(5)
 SLOT_OF, POSITION, ORDER = range(3)
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-@njit(cache=True, nogil=True)
+#: The module's kernels, as written (compiled together at the first call of any).
+_PYTHON: dict[str, Callable[..., Any]] = {}
+_COMPILING = threading.Lock()
+_COMPILED: list[bool] = []
+
+
+def _compile_all() -> None:
+    """Replaces every kernel of this module by numba's compiled version (once)."""
+    module = sys.modules[__name__]
+    with _COMPILING:
+        if _COMPILED:
+            return
+        from numba import njit
+
+        for name, function in _PYTHON.items():
+            # Kernels call each other through the module's globals: all are numba's now.
+            setattr(module, name, njit(cache=True, nogil=True)(function))
+        _COMPILED.append(True)
+
+
+def _kernel(function: F) -> F:
+    """``numba.njit(cache=True, nogil=True)``, applied at the first call (see the module)."""
+    name = function.__name__
+    _PYTHON[name] = function
+
+    def call(*args: Any) -> Any:
+        compiled = globals()[name]
+        if compiled is call:
+            _compile_all()
+            compiled = globals()[name]
+        return compiled(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = function.__doc__
+    return call  # type: ignore[return-value]
+
+
+@_kernel
 def _shift(start: NDArray[np.int64], questions: NDArray[np.int64], q: int, to: int) -> None:
     """Moves ``q`` from its bucket to bucket ``to`` (0: not selectable, s + 1: slot s)."""
     p = questions[POSITION, q]
@@ -46,7 +93,7 @@ def _shift(start: NDArray[np.int64], questions: NDArray[np.int64], q: int, to: i
         b -= 1
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def set_selectable(
     start: NDArray[np.int64], questions: NDArray[np.int64], q: int, selectable: bool
 ) -> None:
@@ -54,7 +101,7 @@ def set_selectable(
     _shift(start, questions, q, questions[SLOT_OF, q] + 1 if selectable else 0)
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def _slot_of(
     table: NDArray[np.float64], num_questions: int, num_slots: int, log_asc: float, log_ppr: float
 ) -> tuple[int, int]:
@@ -81,7 +128,7 @@ def _slot_of(
     return empty, num_slots
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def _rerank(table: NDArray[np.float64], num_slots: int, old: int, new: int) -> None:
     """Updates every slot's ranks for one question moving from slot ``old`` to slot ``new``."""
     for r in range(2):
@@ -94,7 +141,7 @@ def _rerank(table: NDArray[np.float64], num_slots: int, old: int, new: int) -> N
             rank[s] += np.sign(u_new - u) - np.sign(u_old - u)
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def move_question(
     table: NDArray[np.float64],
     start: NDArray[np.int64],
@@ -130,12 +177,12 @@ def move_question(
     return num_slots
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def _score(table: NDArray[np.float64], s: int, w: float) -> float:
     return float(table[RANK_ASC, s] + w * (table[RANK_PPR, s] - table[RANK_ASC, s]))
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def take_best(
     table: NDArray[np.float64],
     start: NDArray[np.int64],

@@ -130,13 +130,17 @@ class HedgePolicy(PriorityPolicy):
         if self.disagreement is None:
             # Every question's first wave (topped up where samples came one at a time).
             first = plan.first_wave(mean)
-            return {
+            waves = {
                 q: first - self.num_assigned[q]
                 for q in range(self.num_questions)
                 if self.num_assigned[q] < first
                 and not self.num_pending_of[q]
                 and not self.is_finished(q)
             }
+            if waves or self.num_pending:
+                return waves
+            # Questions stopped before their probe (cut, abandoned): the rest decide.
+            self._set_floor(self._num_flat / max(1, self._num_probed))
         votes = self.votes
         cap = round((self.cap or DEFAULT_CAP) * mean)
         open_questions = []

@@ -7,9 +7,17 @@ with the self-consistency settings of the request.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from blendserve.engines.base import SamplingParams
 from blendserve.service.fields import RequestModel
@@ -221,8 +229,23 @@ class CompletionRequest(_Request):
         return [self.prompt]  # type: ignore[list-item]
 
 
-def _absent(value: object) -> bool:
-    return value is None
+class _LeavesOutNone(BaseModel):
+    """A body that leaves out its :attr:`_left_out` fields when they are None.
+
+    OpenAI's clients read a field that is absent as they read one that is null;
+    a reply to a model that does not think then has no thought fields at all.
+    """
+
+    _left_out: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_none(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in self._left_out:
+                if data.get(name, 0) is None:
+                    del data[name]
+        return data
 
 
 class CompletionTokensDetails(BaseModel):
@@ -231,15 +254,16 @@ class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = Field(description="completion tokens spent thinking")
 
 
-class UsageInfo(BaseModel):
+class UsageInfo(_LeavesOutNone):
     """OpenAI's ``usage``: tokens of every sample spent on the request's questions."""
+
+    _left_out = ("completion_tokens_details",)
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     completion_tokens_details: CompletionTokensDetails | None = Field(
         None,
-        exclude_if=_absent,
         description="where the upstream counts a reasoning model's thought tokens (left out "
         "where it does not)",
     )
@@ -263,23 +287,19 @@ class VoteOut(BaseModel):
     stopped: StoppedOut = None
 
 
-#: A sample's thought, as vLLM's reasoning parser returns it (left out when there is none).
-_REASONING = Field(
-    None,
-    exclude_if=_absent,
-    description="a reasoning model's thought before the content (its final answer)",
-)
-#: The same under its older name, for clients that read that one.
-_REASONING_CONTENT = Field(None, exclude_if=_absent, description="reasoning, under its older name")
+_REASONING = "a reasoning model's thought before its final answer (left out when none)"
+_THOUGHT_FIELDS = ("reasoning", "reasoning_content")
 
 
-class ChatMessageOut(BaseModel):
+class ChatMessageOut(_LeavesOutNone):
     """The assistant's message: the final answer in ``content``, a thought in ``reasoning``."""
+
+    _left_out = _THOUGHT_FIELDS
 
     role: Literal["assistant"] = "assistant"
     content: str
-    reasoning: str | None = _REASONING
-    reasoning_content: str | None = _REASONING_CONTENT
+    reasoning: str | None = Field(None, description=_REASONING)
+    reasoning_content: str | None = Field(None, description="reasoning, under its older name")
 
 
 class ChatChoice(BaseModel):
@@ -305,15 +325,17 @@ class ChatCompletion(BaseModel):
     blendserve: VoteOut | None = None
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_LeavesOutNone):
     """One choice of a text completion: the final answer in ``text``, a thought in ``reasoning``."""
+
+    _left_out = _THOUGHT_FIELDS
 
     index: int
     text: str
     finish_reason: str | None
     logprobs: None = None
-    reasoning: str | None = _REASONING
-    reasoning_content: str | None = _REASONING_CONTENT
+    reasoning: str | None = Field(None, description=_REASONING)
+    reasoning_content: str | None = Field(None, description="reasoning, under its older name")
 
 
 class Completion(BaseModel):
