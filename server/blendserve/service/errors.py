@@ -162,6 +162,17 @@ async def _blendserve_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+# The tags pydantic adds to a location for the member of a union that failed
+# (``stop.str``, ``stop.list[str]``): the field is what the caller sent.
+_UNION_TAG = re.compile(r"(str|int|float|bool|none|[a-z]+\[.*\]|function-.*)", re.IGNORECASE)
+
+
+def _field_path(loc: Sequence[object]) -> list[str]:
+    """A validation error's location as the caller's field path: no ``body``, no union tags."""
+    parts = [str(part) for part in loc if part != "body"]
+    return [p for i, p in enumerate(parts) if not (i and _UNION_TAG.fullmatch(p))]
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FastAPIValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
@@ -172,7 +183,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     elif first.get("type") == "json_invalid":  # its loc is a character position, not a field
         param = None
     else:
-        param = ".".join(str(part) for part in first["loc"] if part != "body") or None
+        param = ".".join(_field_path(first["loc"])) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return JSONResponse(error_body(message, 422, param=param), 422)
 

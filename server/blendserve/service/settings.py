@@ -124,7 +124,9 @@ class Settings(BaseSettings):
     sympy_workers: int = Field(
         2,
         ge=1,
-        description="processes that key math answers with sympy (about 150 MB each); from 2, "
+        le=32,  # each is a process of about 150 MB: 32 are about 5 GB
+        description="processes that key math answers with sympy (about 150 MB each, at most "
+        "32); from 2, "
         "one is kept for a client or job holding none, so one's slow answers do not delay "
         "another's",
     )
@@ -139,7 +141,9 @@ class Settings(BaseSettings):
         description="/v1: accept any model name, as the served model (else a name that "
         "GET /v1/models does not list is a 404)",
     )
-    log_level: str = Field("info", description="uvicorn's log level")
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info", description="uvicorn's log level"
+    )
     keep_alive_s: int = Field(75, ge=1, description="seconds an idle client connection is kept")
     # Slow or silent clients (see blendserve.service.connections).
     header_timeout_s: float = Field(10.0, gt=0, description="seconds a request's headers may take")

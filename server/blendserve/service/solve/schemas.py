@@ -177,9 +177,10 @@ class SolveRequest(RequestModel):
         if (self.budget is None) == (self.budget_per_question is None):
             raise ValueError("give exactly one of budget and budget_per_question")
         if self.total_budget < len(self.questions):
-            raise ValueError(
+            raise invalid_field(
+                "budget" if self.budget is not None else "budget_per_question",
                 f"budget {self.total_budget} is below one sample per question "
-                f"({len(self.questions)} questions)"
+                f"({len(self.questions)} questions)",
             )
         return self
 

@@ -19,9 +19,14 @@ def _engine(request: Request) -> Engine:
     return service_of(request).engine
 
 
-@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+@router.api_route(
+    "/health",
+    methods=["GET", "HEAD"],
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse}},
+)
 async def health(request: Request) -> JSONResponse:
-    """200 while the engine can serve, 503 otherwise."""
+    """200 while the engine can serve, 503 otherwise (``HEAD`` too: load balancers probe so)."""
     engine = _engine(request)
     state = await engine.health()
     body = HealthResponse(

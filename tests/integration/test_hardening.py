@@ -1,0 +1,49 @@
+"""Fourth hostile pass: what a load balancer or an operator's typo must not break."""
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from blendserve.engines.replay import ReplayEngine
+
+from tests.support.live import serve_engine
+
+
+def test_head_health_answers_as_get_does() -> None:
+    """Load balancers that probe with HEAD must not mark the service down."""
+    with serve_engine(ReplayEngine([{"id": "q", "answers": ["1"]}])) as live:
+        head = httpx.head(f"{live.url}/health", timeout=10)
+        get = httpx.get(f"{live.url}/health", timeout=10)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b""
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "setting"),
+    [("--log-level", "bogus", "log_level"), ("--sympy-workers", "100000", "sympy_workers")],
+)
+def test_a_bad_serve_flag_is_one_line_and_exit_2(flag: str, value: str, setting: str) -> None:
+    command = [sys.executable, "-m", "blendserve.cli", "serve", flag, value]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and setting in lines[0] and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"budget": 2}, "budget"),
+        ({"budget_per_question": 0.5}, "budget_per_question"),
+        ({"budget": 10, "sampling": {"stop": 5}}, "sampling.stop"),
+        ({"budget": 10, "sampling": {"stop": [5]}}, "sampling.stop"),
+    ],
+)
+def test_a_422_names_the_field_the_caller_sent(body: dict[str, object], param: str) -> None:
+    questions = [{"prompt": f"question {i}"} for i in range(3)]
+    with serve_engine(ReplayEngine([{"id": "q", "answers": ["1"]}])) as live:
+        response = httpx.post(f"{live.url}/solve", json={"questions": questions, **body})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
