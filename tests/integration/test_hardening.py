@@ -5,9 +5,16 @@ import sys
 
 import httpx
 import pytest
+from blendserve.engines._replicas import BreakerState
+from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.config import RetryPolicy
+from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
+from blendserve.errors import EngineUnavailable
 
+from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import serve_engine
+from tests.support.running import run_coroutine
 
 
 def test_head_health_answers_as_get_does() -> None:
@@ -47,3 +54,34 @@ def test_a_422_names_the_field_the_caller_sent(body: dict[str, object], param: s
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}: ")
+
+
+def test_a_half_open_breaker_closes_on_an_upstream_that_ignores_n() -> None:
+    """The single requests of an ``n > 1`` request wait for the trial, not fail and cancel it."""
+    fake = FakeServer(FakeState(name="ignores-n", honour_n=False)).start()
+
+    async def scenario() -> int:
+        engine = OpenAIEngine([fake.url], retry=RetryPolicy(max_retries=4))
+        try:
+            await engine.generate(_request(2))  # learns that the upstream ignores n
+            fake.state.fail_next = 3
+            with pytest.raises(EngineUnavailable):
+                await engine.generate(_request(1))  # three 500s open the breaker
+            replica = engine._replicas.replicas[0]
+            assert replica.state is BreakerState.OPEN
+            await engine._upstreams._probe(replica)  # the upstream is back: half-open
+            assert replica.state is BreakerState.HALF_OPEN
+            samples = await engine.generate(_request(4))
+            assert replica.state is BreakerState.CLOSED
+            return len(samples)
+        finally:
+            await engine.aclose()
+
+    try:
+        assert run_coroutine(scenario()) == 4
+    finally:
+        fake.stop()
+
+
+def _request(n: int) -> GenerateRequest:
+    return GenerateRequest(prompt="What is 6 * 7?", n=n, params=SamplingParams(max_tokens=8))

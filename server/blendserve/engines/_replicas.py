@@ -216,6 +216,12 @@ class ReplicaSet:
             replica.trials += 1
         return False
 
+    def on_trial(self) -> bool:
+        """Whether no replica takes a request now but a half-open one's trial is in flight."""
+        return not any(r.available for r in self.replicas) and any(
+            r.state is BreakerState.HALF_OPEN for r in self.replicas
+        )
+
     def recovering(self) -> bool:
         """Whether some breaker is not closed (the engine keeps probing)."""
         return any(r.state is not BreakerState.CLOSED for r in self.replicas)

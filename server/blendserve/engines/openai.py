@@ -202,6 +202,8 @@ class OpenAIEngine(Engine, PassThrough):
         self._stream = stream
         self._session_header = session_header
         self._rng = random.Random()
+        # Set (and replaced) whenever an attempt ends: what waits on a trial wakes on.
+        self._attempt_ended = asyncio.Event()
         self._load_interval = load_interval
         self._load_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -319,6 +321,11 @@ class OpenAIEngine(Engine, PassThrough):
         last: Exception | None = None
         for attempt in range(self._retry.attempts):
             replica = self._replicas.acquire(key, want, tried)
+            while replica is None and self._replicas.on_trial():
+                # A half-open breaker's trial is in flight (e.g. the first of the single
+                # requests an upstream that ignores n is sent): its outcome decides.
+                await self._attempt_ended.wait()  # bounded by the call's deadline (within)
+                replica = self._replicas.acquire(key, want, tried)
             if replica is None:
                 raise EngineUnavailable(
                     "every upstream is marked unhealthy (circuit breaker open)"
@@ -338,6 +345,10 @@ class OpenAIEngine(Engine, PassThrough):
                 break
             await asyncio.sleep(delay)
         raise exhausted(last, len(tried)) from last
+
+    def _ended(self) -> None:
+        self._attempt_ended.set()
+        self._attempt_ended = asyncio.Event()
 
     async def _attempt(
         self,
@@ -363,6 +374,7 @@ class OpenAIEngine(Engine, PassThrough):
                 response = await self._pool.post(url, path, encoded, self._stream, session)
             finally:
                 self._replicas.release(replica, want)
+                self._ended()
         except httpx2.TransportError as exc:
             self.sink.upstream_samples(url, "failed", want)
             if not isinstance(exc, httpx2.PoolTimeout):  # our pool's fault, not the replica's
