@@ -6,11 +6,13 @@ The same command is ``blendserve-solve`` where the client is installed alone.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, get_args
+from typing import Any, BinaryIO, Protocol, get_args
 
 import httpx
 from pydantic import ValidationError
@@ -43,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("questions", type=Path, help="JSONL file, '-' for stdin")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--budget", type=int, help="total samples")
-    budget.add_argument("--budget-per-question", type=float)
+    budget.add_argument("--budget-per-question", type=_finite)
     budget.add_argument(
-        "--confidence", type=float, help="quality target instead of a budget, in (0.5, 1)"
+        "--confidence", type=_finite, help="quality target instead of a budget, in (0.5, 1)"
     )
     parser.add_argument(
         "--max-samples-per-question", type=int, help="with --confidence: the cap (default 64)"
@@ -55,16 +57,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", help="allocation policy (default: the service's)")
     parser.add_argument("--answer", default="auto", choices=get_args(AnswerKind))
     parser.add_argument("--pattern", help="regex for --answer regex")
-    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--temperature", type=_finite)
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--model")
-    parser.add_argument("--settle-delta", type=float)
+    parser.add_argument("--settle-delta", type=_finite)
     parser.add_argument("--concurrency", type=int, help="most samples in flight")
     parser.add_argument(
-        "--in-flight-per-question", type=float, help="samples in flight per open question"
+        "--in-flight-per-question", type=_finite, help="samples in flight per open question"
+    )
+    parser.add_argument(
+        "--max-rounds", type=int, help="waves per question at most (0: sample by sample)"
+    )
+    parser.add_argument(
+        "--include-reasoning",
+        action="store_true",
+        help="each answer carries its completion's thought (a reasoning model's)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
+
+
+def _finite(text: str) -> float:
+    """A command-line number: finite (``nan`` and ``inf`` are no budget or probability)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,17 +95,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
+#: The longest line of a questions file read (a question is a request body's part).
+MAX_LINE_BYTES = 16 << 20
+
+
 def read_questions(path: Path) -> list[Any]:
-    """Questions from JSONL; raises ValueError naming the bad line."""
-    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    """Questions from JSONL, read a line at a time; raises ValueError naming the bad line."""
+    if str(path) == "-":
+        return _questions(sys.stdin.buffer, path)
+    with path.open("rb") as stream:
+        return _questions(stream, path)
+
+
+def _questions(stream: BinaryIO, path: Path) -> list[Any]:
     questions = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno in itertools.count(1):
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        if len(raw) > MAX_LINE_BYTES:
+            raise ValueError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES} bytes")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}:{lineno}: not UTF-8") from None
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{lineno}: JSON nested too deep") from None
+        except ValueError as exc:  # a number past Python's digit limit
+            raise ValueError(f"{path}:{lineno}: {exc}") from None
         if not isinstance(item, (str, dict)):
             raise ValueError(f"{path}:{lineno}: expected an object or a string")
         questions.append(item)
@@ -153,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                 confidence=args.confidence, max_samples_per_question=args.max_samples_per_question,
                 policy=args.policy, answer=answer, sampling=sampling or None, model=args.model,
                 settle_delta=args.settle_delta, concurrency=args.concurrency,
-                in_flight_per_question=args.in_flight_per_question,
+                in_flight_per_question=args.in_flight_per_question, max_rounds=args.max_rounds,
+                include_reasoning=args.include_reasoning or None,
             ):  # fmt: skip
                 if isinstance(event, Answer):
                     bar.write(event.model_dump_json(), file=sys.stdout)

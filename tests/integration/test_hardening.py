@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -85,3 +86,48 @@ def test_a_half_open_breaker_closes_on_an_upstream_that_ignores_n() -> None:
 
 def _request(n: int) -> GenerateRequest:
     return GenerateRequest(prompt="What is 6 * 7?", n=n, params=SamplingParams(max_tokens=8))
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--engine", "replay", "--data", "{bad}"], "bad.jsonl:2: not UTF-8"),
+        (["--upstreams", "http://a/v1,http://a"], "an upstream is given twice"),
+        (["--upstreams", "ftp://a"], "not an http(s) base URL"),
+    ],
+)
+def test_bad_data_or_upstreams_are_one_line_and_exit_2(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "q", "answers": ["1"]}\n\xff\xfe\n')
+    argv = [a.replace("{bad}", str(bad)) for a in args]
+    command = [sys.executable, "-m", "blendserve.cli", "serve", "--port", "1", *argv]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "says"),
+    [
+        (b'{"prompt": "a"}\n\xff\xfe\n', ["--budget", "4"], "q.jsonl:2: not UTF-8"),
+        (b"[" * 100_000 + b"\n", ["--budget", "4"], "q.jsonl:1: JSON nested too deep"),
+        (b"1" * 5000 + b"\n", ["--budget", "4"], "q.jsonl:1: Exceeds the limit"),
+        (b'{"prompt": "a"}\n', ["--confidence", "nan"], "not a finite number"),
+        (b'{"prompt": "a"}\n', ["--budget-per-question", "inf"], "not a finite number"),
+        (b'{"prompt": "a"}\n', ["--budget", "4", "--temperature", "nan"], "not a finite number"),
+    ],
+)
+def test_the_solve_command_refuses_bad_input_in_one_line(
+    content: bytes, flags: list[str], says: str, tmp_path: Path
+) -> None:
+    questions = tmp_path / "q.jsonl"
+    questions.write_bytes(content)
+    command = [sys.executable, "-m", "blendserve.cli", "solve", str(questions), *flags]
+    done = subprocess.run(
+        [*command, "--url", "http://127.0.0.1:1"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and says in done.stderr.strip().splitlines()[-1]

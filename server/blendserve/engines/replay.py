@@ -109,6 +109,9 @@ def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ValueError(f"cannot read replay data {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        where = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{where}: not UTF-8") from None
     for lineno, line in enumerate(lines, start=1):
         if line.strip():
             try:

@@ -63,6 +63,19 @@ def read_settings(args: argparse.Namespace) -> Settings:
     return Settings(_cli_settings_source=source(parsed_args=args))
 
 
+def _check_data(settings: Settings) -> None:
+    """Reads the replay engine's data once before serving, so that a bad file is one line.
+
+    Raises:
+        ValueError: the file cannot be read, or a line of it is not a record.
+    """
+    config = settings.engine_config()
+    if config.resolved_kind() == "replay" and config.data is not None:
+        from blendserve.engines.replay import ReplayEngine
+
+        ReplayEngine(config.data)
+
+
 def run(args: argparse.Namespace) -> int:
     """Starts uvicorn; bad settings are one line on stderr and exit code 2."""
     try:
@@ -82,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(settings, running=running)
     except OSError as exc:
         print(f"blendserve serve: error: api key file: {exc}", file=sys.stderr)
+        return 2
+    try:
+        _check_data(settings)
+    except ValueError as exc:
+        print(f"blendserve serve: error: data: {exc}", file=sys.stderr)
         return 2
     # On SIGTERM the server stops accepting, lets running jobs finish for
     # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.

@@ -14,6 +14,7 @@ from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.factory import EngineConfig, EngineKind
+from blendserve.engines.openai_wire import normalise_base_url
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.connections import ConnectionTimeouts
 from blendserve.service.vocabulary import check_policy
@@ -206,6 +207,14 @@ class Settings(BaseSettings):
             # " , " must not leave the service open; an empty value is unset.
             raise ValueError("no key in the list (leave it empty for an open service)")
         return parts
+
+    @field_validator("upstreams")
+    @classmethod
+    def _distinct_upstreams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bases = [normalise_base_url(url) for url in value]  # ValueError: not an http(s) URL
+        if len(set(bases)) != len(bases):
+            raise ValueError(f"an upstream is given twice: {', '.join(value)}")
+        return value
 
     def keys(self) -> frozenset[str]:
         """The API keys that open the service: ``api_keys`` and ``api_key_file``'s lines.

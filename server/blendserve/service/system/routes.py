@@ -19,12 +19,9 @@ def _engine(request: Request) -> Engine:
     return service_of(request).engine
 
 
-@router.api_route(
-    "/health",
-    methods=["GET", "HEAD"],
-    response_model=HealthResponse,
-    responses={503: {"model": HealthResponse}},
-)
+# HEAD too (load balancers probe so), out of the schema: one operation per path and method.
+@router.head("/health", include_in_schema=False)
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(request: Request) -> JSONResponse:
     """200 while the engine can serve, 503 otherwise (``HEAD`` too: load balancers probe so)."""
     engine = _engine(request)
