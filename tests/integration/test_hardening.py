@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -131,3 +132,28 @@ def test_the_solve_command_refuses_bad_input_in_one_line(
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and says in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("route", ["/solve", "/v1/chat/completions"])
+def test_a_hung_upstream_ends_a_request_within_its_timeout_and_the_failure_timeout(
+    route: str,
+) -> None:
+    """Not after ``max_consecutive_failures`` request timeouts (8 x 2 s here, before)."""
+    fake = FakeServer(FakeState(name="hung", timeout_rate=1.0)).start()
+    engine = OpenAIEngine([fake.url], retry=RetryPolicy(max_retries=0))
+    question = {"role": "user", "content": "What is 6 * 7?"}
+    bodies = {
+        "/solve": {"questions": [{"messages": [question]}], "budget": 4},
+        "/v1/chat/completions": {"model": "fake-model", "messages": [question]},
+    }
+    try:
+        with serve_engine(engine, upstream_timeout=2.0, job_failure_timeout=1.0) as live:
+            started = time.monotonic()
+            response = httpx.post(f"{live.url}{route}", json=bodies[route], timeout=60)
+            elapsed = time.monotonic() - started
+    finally:
+        fake.kill()
+    assert response.status_code in (200, 502, 503, 504), response.text
+    if route == "/solve" and response.status_code == 200:
+        assert response.json()["status"] == "failed"
+    assert elapsed < 2 * (2.0 + 1.0) + 2.0  # timeout + failure timeout, with room for a loaded box

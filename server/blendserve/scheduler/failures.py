@@ -20,6 +20,15 @@ def backoff_s(num_failures: int) -> float:
 class FailureStreak:
     """Engine failures with no success in between: the backoff, and when the job gives up.
 
+    A streak lasts from when its first failed request was sent (or the last
+    success, if later). It ends the job after ``limit`` failures, once it also
+    lasts ``timeout`` seconds when they are transient (every upstream down or
+    its breaker open fails at once, so a few seconds of them say more than
+    their count). A request that timed out says the upstream produced nothing
+    for its whole deadline: a timeout ends the job as soon as the streak lasts
+    ``timeout``, whatever the count, so a hung upstream holds a job for about
+    one request timeout plus ``timeout``, not ``limit`` request timeouts.
+
     Args:
         limit: failures in a row that end the job.
         timeout: seconds a streak of transient failures must also last.
@@ -30,6 +39,7 @@ class FailureStreak:
         self.timeout = timeout
         self.count = 0
         self.started = 0.0  # when the current streak began
+        self.last_success = -math.inf
         self.resume_at = -math.inf  # no dispatch before this
         self.error: str | None = None  # why the job gave up
         self.cause: BaseException | None = None
@@ -38,20 +48,23 @@ class FailureStreak:
         """Seconds to wait before the next dispatch (0 once the job gave up)."""
         return self.resume_at - now if self.error is None else 0.0
 
-    def succeeded(self) -> None:
-        """A request came back: the streak and its backoff end."""
+    def succeeded(self, now: float = -math.inf) -> None:
+        """A request came back (at ``now``): the streak and its backoff end."""
         self.count = 0
         self.resume_at = -math.inf
+        self.last_success = max(self.last_success, now)
 
-    def failed(self, exc: BaseException, now: float) -> bool:
-        """Counts a failure; True if it is the one that ends the job."""
+    def failed(self, exc: BaseException, now: float, sent: float | None = None) -> bool:
+        """Counts a failure of a request sent at ``sent``; True if it is the one that ends
+        the job."""
         if self.count == 0:
-            self.started = now
+            self.started = max(now if sent is None else sent, self.last_success)
         self.count += 1
         self.resume_at = now + backoff_s(self.count)
-        if self.error is not None or self.count < self.limit:
-            return False
         lasted = now - self.started
+        timed_out = isinstance(exc, EngineTimeout) and lasted >= self.timeout
+        if self.error is not None or (self.count < self.limit and not timed_out):
+            return False
         transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
         if transient and lasted < self.timeout:
             return False

@@ -33,8 +33,10 @@ Engine failures are refunded and retried after a backoff (doubling from
 answers it has marked partial, after ``max_consecutive_failures`` failures
 with no success in between, once that streak also spans ``failure_timeout``
 seconds when the failures are transient (``EngineUnavailable``: every
-upstream down or its circuit breaker open, ``EngineTimeout``). Other errors
-(an upstream refusing the request, a bug) end it without waiting.
+upstream down or its circuit breaker open, ``EngineTimeout``); a timeout ends
+it as soon as the streak, counted from its request's dispatch, spans
+``failure_timeout`` (a hung upstream: about one request timeout plus it).
+Other errors (an upstream refusing the request, a bug) end it without waiting.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ class Job:
         self._cancelled: str | None = None  # why cancel() ended the job
         # task -> (question index, samples requested)
         self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+        self._sent_at: dict[asyncio.Task[list[Sample]], float] = {}  # the loop's time
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
@@ -230,17 +233,18 @@ class Job:
         after a backoff; the failure that ends the job cancels the rest).
         """
         q, n = self._in_flight.pop(task)
+        sent = self._sent_at.pop(task, None)
         self.sink.in_flight(-n)
         self.engine.sequences_in_flight -= n
         exc = None if task.cancelled() else task.exception()
         if task.cancelled():
             self._refund(q, n)
         elif exc is None:
-            failures.succeeded()
+            failures.succeeded(clock())
             await self._record(q, task.result(), n)
         else:
             self._refund(q, n)
-            if failures.failed(exc, clock()):
+            if failures.failed(exc, clock(), sent):
                 for other in self._in_flight:  # refunded when they end, never counted
                     other.cancel()
         return q
@@ -288,6 +292,7 @@ class Job:
         )
         tasks = list(in_flight)
         in_flight.clear()
+        self._sent_at.clear()
         await cancel_all(tasks)
 
     def _in_flight_limit(self) -> int:
@@ -359,6 +364,7 @@ class Job:
                 first += n
                 task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
+                self._sent_at[task] = asyncio.get_running_loop().time()
                 self.sink.in_flight(n)
                 self.engine.sequences_in_flight += n
 

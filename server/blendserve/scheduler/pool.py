@@ -41,7 +41,7 @@ from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError
 from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import AnswerEvent
-from blendserve.scheduler.failures import backoff_s
+from blendserve.scheduler.failures import FailureStreak
 from blendserve.scheduler.spec import Keyer, Question
 from blendserve.stats import Stats
 
@@ -70,6 +70,7 @@ class PoolSpec:
             takes all it is expected to need to reach ``tau``.
         request_timeout: seconds per engine request (None: the engine's default).
         max_consecutive_failures: engine failures in a row that end a question.
+        failure_timeout: as a job's (:class:`~blendserve.scheduler.failures.FailureStreak`).
     """
 
     budget_per_question: float | None = 8.0
@@ -84,6 +85,7 @@ class PoolSpec:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
+    failure_timeout: float = 5.0
 
     @property
     def online(self) -> OnlineRule:
@@ -269,7 +271,8 @@ class Pool:
         self._open.add(state)
         self.num_open += 1
         self.sink.queued(1)
-        failures = 0
+        failures = FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
+        clock = asyncio.get_running_loop().time
         try:
             while True:
                 if state.cut:
@@ -280,6 +283,7 @@ class Pool:
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
+                sent = clock()
                 samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave, rule))
                 try:
                     # wait(), not await: cancel() cuts the wave, not this question's task.
@@ -294,16 +298,15 @@ class Pool:
                 try:
                     samples = samples_task.result()
                 except EngineError as exc:
-                    failures += 1
-                    if failures >= self.spec.max_consecutive_failures:
+                    if failures.failed(exc, clock(), sent):
                         if n == 0:  # as a failed job, of the same kind of error
                             raise type(exc)(
-                                f"engine failed {failures} times in a row: {exc}"
+                                f"engine failed {failures.count} times in a row: {exc}"
                             ) from exc
                         return self._answer(state, partial=True, capped=False)
-                    await asyncio.sleep(backoff_s(failures))
+                    await asyncio.sleep(failures.backoff(clock()))
                     continue
-                failures = 0
+                failures.succeeded(clock())
                 state.rounds += 1
                 await self._record(state, samples)
                 threshold.spend(n, state.votes.num_samples[0])

@@ -193,6 +193,7 @@ class JobMaker:
             if options.max_rounds is None
             else options.max_rounds,
             request_timeout=self.defaults.request_timeout,
+            failure_timeout=self.defaults.failure_timeout,
         )
         engine, keyer = self._parts(options)
         return Pool(spec, engine, keyer, name, client_keyer=lambda: self.keyer(options))
