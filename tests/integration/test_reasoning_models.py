@@ -11,13 +11,17 @@ choice, numbers), and every third is cut at ``max_tokens``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from blendserve.engines.openai import OpenAIEngine
+from blendserve_client import Client
 
 from tests.support.fake_openai import CUT_TAIL, THOUGHT, THOUGHT_SHAPES, FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
@@ -231,3 +235,40 @@ def test_the_tags_are_a_setting() -> None:
     vote = reply.model_extra["blendserve"] if reply.model_extra else {}
     assert list(vote["votes"]) == ["7"]
     assert (reply.choices[0].message.model_extra or {})["reasoning"] == THOUGHT
+
+
+def test_a_model_that_does_not_think_gets_no_thought_fields() -> None:
+    state = FakeState(name="up", answers=("7",))
+    with FakeServer(state) as upstream, serve_engine(OpenAIEngine([upstream.url])) as live:
+        body = {
+            "model": "fake-model",
+            "messages": MESSAGES,
+            "blendserve": {"budget_per_question": 2},
+        }
+        reply = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=30).json()
+        solve = {"questions": [{"messages": MESSAGES}], "budget": 2, "include_reasoning": True}
+        solved = httpx.post(f"{live.url}/solve", json=solve, timeout=30).json()
+    assert set(reply["choices"][0]["message"]) == {"role", "content"}
+    assert set(reply["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+    assert solved["answers"][0]["reasoning"] is None
+    assert solved["usage"]["reasoning_tokens"] is None  # not counted upstream: unknown, not 0
+
+
+def test_the_client_and_the_solve_command_carry_the_thought(tmp_path: Path) -> None:
+    state = FakeState(name="up", thoughts="r1", answers=("7",), reasoning_tokens=THOUGHT_TOKENS)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"messages": MESSAGES}) + "\n")
+    with FakeServer(state) as upstream, serve_engine(OpenAIEngine([upstream.url])) as live:
+        with Client(live.url) as client:
+            result = client.solve([{"messages": MESSAGES}], budget=3, include_reasoning=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "blendserve.cli", "solve", str(questions), "--budget", "3",
+             "--include-reasoning", "--url", live.url, "--no-progress"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    (answer,) = result.answers
+    assert (answer.answer, answer.reasoning) == ("7", THOUGHT) and _final(answer.completion)
+    assert answer.usage.reasoning_tokens == result.usage.reasoning_tokens == THOUGHT_TOKENS * 3
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["reasoning"] == THOUGHT

@@ -18,9 +18,9 @@ from blendserve.service.openai.schemas import (
     ChatMessageOut,
     Completion,
     CompletionChoice,
-    CompletionTokensDetails,
     UsageInfo,
     VoteOut,
+    thought_fields,
 )
 from blendserve.service.vocabulary import vote_fields
 
@@ -113,9 +113,7 @@ class Reply:
                 choices=[
                     ChatChoice(
                         index=c.index,
-                        message=ChatMessageOut(
-                            content=c.text, reasoning=c.reasoning, reasoning_content=c.reasoning
-                        ),
+                        message=ChatMessageOut(content=c.text, **thought_fields(c.reasoning)),
                         finish_reason=c.finish_reason,
                     )
                     for c in choices
@@ -132,8 +130,7 @@ class Reply:
                     index=c.index,
                     text=c.text,
                     finish_reason=c.finish_reason,
-                    reasoning=c.reasoning,
-                    reasoning_content=c.reasoning,
+                    **thought_fields(c.reasoning),
                 )
                 for c in choices
             ],
@@ -176,11 +173,7 @@ class Reply:
             dumped = [v.model_dump() for v in votes]
             extra["blendserve"] = dumped[0] if self.chat else dumped
         for c in choices:
-            thought = (
-                {"reasoning": c.reasoning, "reasoning_content": c.reasoning}
-                if c.reasoning is not None
-                else None
-            )
+            thought = thought_fields(c.reasoning)
             if self.chat:
                 deltas: list[dict[str, Any]] = [thought] if thought else []
                 deltas.append({"content": c.text})
@@ -210,13 +203,12 @@ def usage_of(
     prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None
 ) -> UsageInfo:
     """OpenAI's usage object; ``reasoning_tokens`` (None: not counted) in its details."""
+    counted = {"completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
     return UsageInfo(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        completion_tokens_details=None
-        if reasoning_tokens is None
-        else CompletionTokensDetails(reasoning_tokens=reasoning_tokens),
+        **(counted if reasoning_tokens is not None else {}),
     )
 
 

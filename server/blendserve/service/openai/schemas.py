@@ -7,17 +7,9 @@ with the self-consistency settings of the request.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blendserve.engines.base import SamplingParams
 from blendserve.service.fields import RequestModel
@@ -38,14 +30,15 @@ from blendserve.service.vocabulary import (
 )
 
 __all__ = [
+    "THOUGHT_FIELDS",
     "BlendserveOptions",
     "ChatCompletion",
     "ChatCompletionRequest",
     "Completion",
     "CompletionRequest",
-    "CompletionTokensDetails",
     "PromptInput",
     "VoteOut",
+    "thought_fields",
 ]
 
 #: One prompt of ``/v1/completions``: text or token ids.
@@ -229,44 +222,52 @@ class CompletionRequest(_Request):
         return [self.prompt]  # type: ignore[list-item]
 
 
-class _LeavesOutNone(BaseModel):
-    """A body that leaves out its :attr:`_left_out` fields when they are None.
+#: A sample's thought in a reply, as vLLM's reasoning parser writes it: ``reasoning``,
+#: and ``reasoning_content`` (its older name) for clients that read that one.
+THOUGHT_FIELDS = ("reasoning", "reasoning_content")
 
-    OpenAI's clients read a field that is absent as they read one that is null;
-    a reply to a model that does not think then has no thought fields at all.
+
+def thought_fields(reasoning: str | None) -> dict[str, str]:
+    """A message's (or choice's, or delta's) thought fields: none when it had no thought.
+
+    Present only with a thought, so a model that does not think gets replies as
+    before; OpenAI's clients read them as extra fields.
+    """
+    return {} if reasoning is None else dict.fromkeys(THOUGHT_FIELDS, reasoning)
+
+
+def _documents_thought(schema: dict[str, Any]) -> None:
+    """Documents the thought fields a body carries only when there is a thought."""
+    thought = "a reasoning model's thought before its final answer (absent without one)"
+    schema["properties"]["reasoning"] = {"type": "string", "description": thought}
+    schema["properties"]["reasoning_content"] = {
+        "type": "string",
+        "description": f"{thought}: reasoning, under its older name",
+    }
+
+
+def _documents_token_details(schema: dict[str, Any]) -> None:
+    schema["properties"]["completion_tokens_details"] = {
+        "type": "object",
+        "properties": {"reasoning_tokens": {"type": "integer"}},
+        "required": ["reasoning_tokens"],
+        "description": "completion tokens spent thinking, where the upstream counts them "
+        "(absent where it does not)",
+    }
+
+
+class UsageInfo(BaseModel):
+    """OpenAI's ``usage``: tokens of every sample spent on the request's questions.
+
+    ``completion_tokens_details.reasoning_tokens`` is there where the upstream
+    counts a thought's tokens (see :func:`~blendserve.service.openai.render.usage_of`).
     """
 
-    _left_out: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _leave_out_none(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in self._left_out:
-                if data.get(name, 0) is None:
-                    del data[name]
-        return data
-
-
-class CompletionTokensDetails(BaseModel):
-    """OpenAI's ``usage.completion_tokens_details``."""
-
-    reasoning_tokens: int = Field(description="completion tokens spent thinking")
-
-
-class UsageInfo(_LeavesOutNone):
-    """OpenAI's ``usage``: tokens of every sample spent on the request's questions."""
-
-    _left_out = ("completion_tokens_details",)
+    model_config = ConfigDict(extra="allow", json_schema_extra=_documents_token_details)
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    completion_tokens_details: CompletionTokensDetails | None = Field(
-        None,
-        description="where the upstream counts a reasoning model's thought tokens (left out "
-        "where it does not)",
-    )
 
 
 class VoteOut(BaseModel):
@@ -287,19 +288,13 @@ class VoteOut(BaseModel):
     stopped: StoppedOut = None
 
 
-_REASONING = "a reasoning model's thought before its final answer (left out when none)"
-_THOUGHT_FIELDS = ("reasoning", "reasoning_content")
+class ChatMessageOut(BaseModel):
+    """The assistant's message: the final answer in ``content``; :func:`thought_fields`."""
 
-
-class ChatMessageOut(_LeavesOutNone):
-    """The assistant's message: the final answer in ``content``, a thought in ``reasoning``."""
-
-    _left_out = _THOUGHT_FIELDS
+    model_config = ConfigDict(extra="allow", json_schema_extra=_documents_thought)
 
     role: Literal["assistant"] = "assistant"
     content: str
-    reasoning: str | None = Field(None, description=_REASONING)
-    reasoning_content: str | None = Field(None, description="reasoning, under its older name")
 
 
 class ChatChoice(BaseModel):
@@ -325,17 +320,15 @@ class ChatCompletion(BaseModel):
     blendserve: VoteOut | None = None
 
 
-class CompletionChoice(_LeavesOutNone):
-    """One choice of a text completion: the final answer in ``text``, a thought in ``reasoning``."""
+class CompletionChoice(BaseModel):
+    """One choice of a text completion: the final answer in ``text``; :func:`thought_fields`."""
 
-    _left_out = _THOUGHT_FIELDS
+    model_config = ConfigDict(extra="allow", json_schema_extra=_documents_thought)
 
     index: int
     text: str
     finish_reason: str | None
     logprobs: None = None
-    reasoning: str | None = Field(None, description=_REASONING)
-    reasoning_content: str | None = Field(None, description="reasoning, under its older name")
 
 
 class Completion(BaseModel):
