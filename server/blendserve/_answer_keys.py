@@ -26,6 +26,7 @@ from blendserve.core.answers import (
     ReasoningTags,
     RegexTimeout,
     RegexUnavailable,
+    bounded_key,
     check_kind,
     choice_key,
     clean_math,
@@ -378,15 +379,16 @@ class AnswerKeys:
         return key
 
     def canonical_key(self, answer: str, kind: AnswerKind) -> str:
-        """The voting key of an extracted answer (may block up to the deadline)."""
+        """The voting key of an extracted answer (may block up to the deadline), at most
+        :data:`~blendserve.core.answers.normalize.MAX_KEY_CHARS` long."""
         check_kind(kind)
         if kind in ("math", "auto"):
-            return self._math_key(answer)
+            return bounded_key(self._math_key(answer))
         if kind == "number":
-            return number_key(answer) or exact_key(answer)
+            return bounded_key(number_key(answer) or exact_key(answer))
         if kind == "choice":
-            return choice_key(answer)
-        return exact_key(answer)
+            return bounded_key(choice_key(answer))
+        return bounded_key(exact_key(answer))
 
     async def acanonical_key(
         self, answer: str, kind: AnswerKind, owner: KeyOwner | None = None
@@ -397,11 +399,12 @@ class AnswerKeys:
             return self.canonical_key(answer, kind)
         quick, _ = self._quick_math_key(answer)
         if quick is not None:
-            return quick
+            return bounded_key(quick)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        key = await loop.run_in_executor(
             self._get_executor(), self._math_key, answer, owner or _SHARED_OWNER
         )
+        return bounded_key(key)
 
     async def aextract(
         self,
@@ -470,7 +473,10 @@ class SampleKeyer:
         answer = await keys.aextract(text, self.kind, self.pattern, owner, self.reasoning_tags)
         if answer is None:
             return None, None
-        return answer, await keys.acanonical_key(answer, self.kind, owner)
+        key = await keys.acanonical_key(answer, self.kind, owner)
+        if not key:  # nothing left of it once normalised ("$$$"): no vote
+            return None, None
+        return answer, key
 
 
 def _after_fork() -> None:

@@ -6,9 +6,17 @@ from collections.abc import Iterator
 
 import pytest
 from blendserve._answer_keys import REGEX_STRIKES, STRUCK_REGEX_TIMEOUT_S
-from blendserve.answers import AnswerKeys, KeyOwner
-from blendserve.core.answers import REGEX_TIMEOUT_S, RegexTimeout, extract, search_regex
+from blendserve.answers import AnswerKeys, AnswerKind, KeyOwner
+from blendserve.core.answers import (
+    MAX_KEY_CHARS,
+    REGEX_TIMEOUT_S,
+    RegexTimeout,
+    extract,
+    is_safe_for_sympy,
+    search_regex,
+)
 
+from tests.support.running import run_coroutine
 from tests.support.stats import RecordingStats
 
 #: The probe's backtracking pattern and a text on which it runs past any deadline.
@@ -72,3 +80,31 @@ def test_key_caches_hold_at_most_their_bytes(keys: AnswerKeys) -> None:
     assert {keys.canonical_key(answer, "auto") for answer in padded} == {"1/7"}
     assert 0 < keys.aliases.nbytes <= 1 << 20 and len(keys.aliases) < 60
     assert keys.cache_info().misses == 1
+
+
+@pytest.mark.parametrize("kind", ["math", "auto"])
+def test_an_answer_that_would_expand_to_megabytes_keys_small_without_sympy(
+    keys: AnswerKeys, kind: AnswerKind
+) -> None:
+    assert not is_safe_for_sympy(r"(9x+99)^{1000}")
+    assert is_safe_for_sympy(r"(x+1)^{2}") and is_safe_for_sympy(r"10^{400}")
+    key = keys.canonical_key(r"(9x+99)^{1000}", kind)
+    assert len(key) <= MAX_KEY_CHARS and keys.misses == 0  # no worker was asked
+    assert keys.canonical_key(r"(x+1)^{2}", kind) == "x**2 + 2*x + 1"
+
+
+@pytest.mark.parametrize("kind", ["exact", "number", "math", "choice"])
+def test_every_key_is_bounded_and_equal_answers_keep_equal_keys(
+    keys: AnswerKeys, kind: AnswerKind
+) -> None:
+    long_a, long_b = "word " * 2000, "word " * 1999 + "other"
+    key_a = keys.canonical_key(long_a, kind)
+    assert len(key_a) <= MAX_KEY_CHARS
+    assert key_a == keys.canonical_key(long_a, kind) != keys.canonical_key(long_b, kind)
+
+
+def test_an_answer_that_normalises_to_nothing_does_not_vote(keys: AnswerKeys) -> None:
+    keyer = keys.keyer("math")
+    assert run_coroutine(keyer(r"The answer is $\boxed{$$$}$.")) == (None, None)
+    answer, key = run_coroutine(keyer(r"The answer is $\boxed{7}$."))
+    assert (answer, key) == ("7", "7")

@@ -22,6 +22,8 @@ from blendserve.core.answers.math_keys import (
     sympy_key,
 )
 from blendserve.core.answers.normalize import (
+    MAX_KEY_CHARS,
+    bounded_key,
     choice_key,
     clean_math,
     exact_key,
@@ -40,6 +42,7 @@ from blendserve.core.answers.thoughts import (
 __all__ = [
     "DEFAULT_REASONING_TAGS",
     "KINDS",
+    "MAX_KEY_CHARS",
     "MAX_SYMPY_CHARS",
     "REGEX_TIMEOUT_S",
     "AnswerKind",
@@ -47,6 +50,7 @@ __all__ = [
     "RegexTimeout",
     "RegexUnavailable",
     "Thought",
+    "bounded_key",
     "check_kind",
     "choice_key",
     "clean_math",

@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from blendserve.core.answers.normalize import (
+    bounded_key,
     clean_math,
     fold_ws,
     is_text_answer,
@@ -32,6 +33,9 @@ __all__ = ["MAX_SYMPY_CHARS", "is_safe_for_sympy", "plain_number_key", "sympy_ke
 MAX_SYMPY_CHARS = 300
 #: Largest literal integer exponent, factorial argument or digit run sent to sympy.
 _MAX_EXPONENT = 1000
+#: Largest literal exponent of an answer with a variable: ``(9x+99)^{1000}`` expands
+#: to a polynomial of a thousand terms of hundreds of digits (megabytes, seconds).
+_MAX_SYMBOLIC_EXPONENT = 64
 _MAX_FACTORIAL = 1000
 _MAX_DIGITS = 120
 
@@ -69,6 +73,22 @@ def _exponent_spans(text: str) -> list[str]:
     return spans
 
 
+def _safe_exponents(answer: str) -> bool:
+    """No power tower, huge literal exponent, or big power of an expression with a variable."""
+    variables = re.search(r"[a-zA-Z]", _OPERATORS_RE.sub("", answer)) is not None
+    largest = _MAX_SYMBOLIC_EXPONENT if variables else _MAX_EXPONENT
+    for exponent in _exponent_spans(answer):
+        literal = int(exponent) if exponent.strip().isdecimal() else None
+        if literal is not None and literal > largest:
+            return False
+        symbolic = re.search(r"[a-zA-Z]", _OPERATORS_RE.sub("", exponent))
+        if "^" in exponent and not symbolic:
+            return False
+        if literal is None and re.search(r"\d{5,}", exponent):
+            return False
+    return True
+
+
 def is_safe_for_sympy(answer: str) -> bool:
     """Whether a cleaned answer may be given to sympy at all.
 
@@ -81,14 +101,8 @@ def is_safe_for_sympy(answer: str) -> bool:
         return False
     if any(len(run) > _MAX_DIGITS for run in _DIGITS_RE.findall(answer)):
         return False
-    for exponent in _exponent_spans(answer):
-        symbolic = re.search(r"[a-zA-Z]", _OPERATORS_RE.sub("", exponent))
-        if "^" in exponent and not symbolic:
-            return False
-        if exponent.strip().isdigit() and int(exponent) > _MAX_EXPONENT:
-            return False
-        if re.fullmatch(r"\s*\d+\s*", exponent) is None and re.search(r"\d{5,}", exponent):
-            return False
+    if not _safe_exponents(answer):
+        return False
     if re.search(r"\^\s*(?:\{[^{}]*\}|\w)\s*\^", answer):
         return False
     factorials = [m.start() for m in _FACTORIAL_RE.finditer(answer)]
@@ -226,6 +240,6 @@ def sympy_key(answer: str) -> str:
     if number is not None:
         return number
     try:
-        return fold_ws(_canon(_parse(cleaned)))
+        return bounded_key(fold_ws(_canon(_parse(cleaned))))
     except Exception:  # any parser or sympy failure: the answer keys as text
         return math_fallback_key(cleaned)

@@ -10,6 +10,7 @@ dropped the same way.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -249,6 +250,17 @@ def choice_key(answer: str) -> str:
     if text and text[0] in "ABCDEFGHIJabcdefghij" and (len(text) == 1 or not text[1].isalnum()):
         return text[0].upper()
     return fold_ws(answer).upper()
+
+
+#: Longer keys are replaced by their digest: a key is held per vote and sent in replies.
+MAX_KEY_CHARS = 256
+
+
+def bounded_key(key: str) -> str:
+    """``key``, or past :data:`MAX_KEY_CHARS` its SHA-256 (equal keys stay equal, and short)."""
+    if len(key) <= MAX_KEY_CHARS:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def math_fallback_key(answer: str) -> str:
