@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 import httpx
+import httpx2
 import pytest
 from blendserve.engines._replicas import BreakerState
-from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
@@ -157,3 +158,68 @@ def test_a_hung_upstream_ends_a_request_within_its_timeout_and_the_failure_timeo
     if route == "/solve" and response.status_code == 200:
         assert response.json()["status"] == "failed"
     assert elapsed < 2 * (2.0 + 1.0) + 2.0  # timeout + failure timeout, with room for a loaded box
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _samples_by_outcome(metrics: str) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("blendserve_upstream_samples_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] = counts.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_nested_too_deep_is_an_upstream_error_and_every_sample_is_accounted(
+    stream: bool,
+) -> None:
+    """Not a bare 500 with a traceback, nor Python's words, nor samples that never end."""
+
+    def upstream(request: httpx2.Request) -> httpx2.Response:
+        deep = _nested(200_000)
+        if stream and not request.url.path.endswith("/models"):
+            events = b"data: " + deep + b"\n\ndata: [DONE]\n\n"
+            headers = {"content-type": "text/event-stream"}
+            return httpx2.Response(200, content=events, headers=headers)
+        return httpx2.Response(200, content=deep, headers={"content-type": "application/json"})
+
+    transport = httpx2.MockTransport(upstream)
+    engine = OpenAIEngine(["http://up/v1"], transport=transport, stream=stream)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "6 * 7?"}]}
+    with serve_engine(engine, allow_model_aliases=True) as live:
+        v1 = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60)
+        solve = httpx.post(
+            f"{live.url}/solve", json={"questions": [{"prompt": "6 * 7?"}], "budget": 4}, timeout=60
+        )
+        counts = _samples_by_outcome(httpx.get(f"{live.url}/metrics", timeout=10).text)
+    assert v1.status_code == 502, v1.text
+    assert v1.json()["error"]["type"] == "server_error"
+    for reply in (v1, solve):
+        assert "Traceback" not in reply.text and "attribute" not in reply.text
+    dispatched = counts.pop("dispatched")
+    assert dispatched > 0 and dispatched == sum(counts.values()), counts
+
+
+class _BuggyEngine(ReplayEngine):
+    """An engine with a bug: what it raises is no engine error."""
+
+    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+        raise RuntimeError("a secret of the server's internals")
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/solve"])
+def test_a_bug_is_a_500_of_the_error_contract_without_internals(route: str) -> None:
+    question = {"role": "user", "content": "6 * 7?"}
+    bodies = {
+        "/solve": {"questions": [{"messages": [question]}], "budget": 4},
+        "/v1/chat/completions": {"model": "replay", "messages": [question]},
+    }
+    with serve_engine(_BuggyEngine([{"id": "q", "answers": ["1"]}])) as live:
+        response = httpx.post(f"{live.url}{route}", json=bodies[route], timeout=60)
+    assert "secret" not in response.text and "Traceback" not in response.text
+    if response.status_code == 500:
+        assert response.json()["error"]["type"] == "server_error"

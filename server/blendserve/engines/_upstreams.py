@@ -254,7 +254,7 @@ class Upstreams:
             response.raise_for_status()
             data = response.json()["data"]
             return [m["id"] for m in data if isinstance(m.get("id"), str)]
-        except (httpx2.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        except (httpx2.HTTPError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
 
     async def prompt_tokens(self, path: str, body: dict[str, Any], key: str | None) -> int | None:
@@ -277,8 +277,8 @@ class Upstreams:
             response = await self.pool.post(replica.url, path, probe)
             response.raise_for_status()
             count = parse_samples(response.json(), path == CHAT, replica.url)[0].prompt_tokens
-        except (httpx2.HTTPError, ValueError, EngineProtocolError) as exc:
-            _log.debug("upstream %s: no prompt token count: %s", replica.url, exc)
+        except (httpx2.HTTPError, ValueError, EngineProtocolError, RecursionError) as exc:
+            _log.debug("upstream %s: no prompt token count: %s", replica.url, type(exc).__name__)
             return None
         self._prompt_counts.put(digest, count)
         return count

@@ -158,10 +158,10 @@ def parse_response(response: httpx2.Response, chat: bool, want: int, upstream: s
     """
     try:
         payload = response.json()
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nested past the parser's depth too
         raise EngineProtocolError(
             f"{upstream}: response is not JSON: {response.text[:200]!r}"
-        ) from exc
+        ) from None if isinstance(exc, RecursionError) else exc
     samples = parse_samples(payload, chat, upstream)
     if len(samples) > want:
         raise EngineProtocolError(f"{upstream}: {len(samples)} choices for n={want}")
@@ -282,10 +282,13 @@ async def collect_events(stream: AsyncIterator[str]) -> dict[str, Any]:
             continue
         try:
             chunk = json.loads(line[5:])
-        except ValueError as exc:
-            raise EngineProtocolError(f"stream chunk is not JSON: {line[:200]!r}") from exc
+        except (ValueError, RecursionError):
+            raise EngineProtocolError(f"stream chunk is not JSON: {line[:200]!r}") from None
+        choices = chunk.get("choices") or [] if isinstance(chunk, dict) else None
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise EngineProtocolError(f"stream chunk is not a completion chunk: {line[:200]!r}")
         usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
+        for choice in choices:
             index = choice.get("index", 0)
             delta = choice.get("delta")
             chat = chat or isinstance(delta, dict)
@@ -347,7 +350,7 @@ def error_message(response: httpx2.Response) -> str:
     """The error an upstream's error response states, else its text or reason."""
     try:
         data = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if isinstance(data, dict):
         error = data.get("error")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
-from blendserve.errors import EngineTimeout, EngineUnavailable
+from blendserve.errors import EngineError, EngineTimeout, EngineUnavailable
 
 __all__ = ["FailureStreak", "backoff_s"]
+
+_log = logging.getLogger(__name__)
 
 _BACKOFF_S = 0.05  # first wait before failed samples are sent again, doubled per failure
 _MAX_BACKOFF_S = 1.0
@@ -68,6 +71,11 @@ class FailureStreak:
         transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
         if transient and lasted < self.timeout:
             return False
-        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {exc}"
+        if isinstance(exc, EngineError):
+            detail = str(exc)
+        else:  # a bug: its words and traceback are for the log, not the caller
+            _log.error("engine request failed with an internal error", exc_info=exc)
+            detail = "an internal error (the server's log has the details)"
+        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {detail}"
         self.cause = exc
         return True

@@ -199,6 +199,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, exc.status_code, headers=exc.headers)
 
 
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # A bug: its traceback goes to the log (uvicorn's, re-raised by Starlette), never to
+    # the client, who gets the one error contract.
+    message = "internal error: the server's log has the details"
+    return JSONResponse(error_body(message, 500), 500)
+
+
 async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
@@ -209,3 +216,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(BlendserveError, _blendserve_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(FastAPIValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)
