@@ -26,6 +26,7 @@ __all__ = [
     "ModelNotFound",
     "SchedulerError",
     "ServiceOverloaded",
+    "UpstreamRejected",
 ]
 
 
@@ -47,6 +48,18 @@ class EngineUnavailable(EngineError):
 
 class EngineProtocolError(EngineError):
     """An upstream answered with something that is not a usable completion."""
+
+
+class UpstreamRejected(EngineProtocolError):
+    """An upstream refused the request itself (a 4xx other than 429): retrying cannot help.
+
+    Attributes:
+        status: the upstream's HTTP status.
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SchedulerError(BlendserveError):

@@ -223,3 +223,27 @@ def test_a_bug_is_a_500_of_the_error_contract_without_internals(route: str) -> N
     assert "secret" not in response.text and "Traceback" not in response.text
     if response.status_code == 500:
         assert response.json()["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize(("upstream_status", "status"), [(400, 400), (404, 404), (401, 502)])
+def test_an_upstream_refusing_the_request_is_answered_at_once_as_what_it_is(
+    upstream_status: int, status: int
+) -> None:
+    asked = []
+
+    def upstream(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request.url.path)
+        body = {"error": {"message": "max_tokens is too large for this model"}}
+        return httpx2.Response(upstream_status, json=body)
+
+    engine = OpenAIEngine(["http://up/v1"], transport=httpx2.MockTransport(upstream))
+    chat = {"model": "m", "messages": [{"role": "user", "content": "6 * 7?"}]}
+    with serve_engine(engine, allow_model_aliases=True) as live:
+        v1 = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60)
+        completions = [p for p in asked if p.endswith("/completions")]
+        solve = httpx.post(
+            f"{live.url}/solve", json={"questions": [{"prompt": "6 * 7?"}], "budget": 4}, timeout=60
+        )
+    assert v1.status_code == status and "max_tokens is too large" in v1.text
+    assert len(completions) == 1  # not retried: no retry can help
+    assert solve.json()["status"] == "failed" and "max_tokens is too large" in solve.text

@@ -113,7 +113,12 @@ from blendserve.engines.openai_wire import (
     split_credentials,
 )
 from blendserve.engines.passthrough import PassThrough
-from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+from blendserve.errors import (
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+    UpstreamRejected,
+)
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
@@ -402,7 +407,7 @@ class OpenAIEngine(Engine, PassThrough):
         self.sink.upstream_samples(url, "failed", want)
         if status != 429 and status < 500:
             self._replicas.record_success(replica)
-            raise EngineProtocolError(str(error)) from error
+            raise UpstreamRejected(str(error), status) from error
         if status >= 500:
             self._upstreams.failed(replica)
         return error, retry_after(response)

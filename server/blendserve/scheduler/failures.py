@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
-from blendserve.errors import EngineError, EngineTimeout, EngineUnavailable
+from blendserve.errors import EngineError, EngineTimeout, EngineUnavailable, UpstreamRejected
 
 __all__ = ["FailureStreak", "backoff_s"]
 
@@ -23,14 +23,14 @@ def backoff_s(num_failures: int) -> float:
 class FailureStreak:
     """Engine failures with no success in between: the backoff, and when the job gives up.
 
-    A streak lasts from when its first failed request was sent (or the last
-    success, if later). It ends the job after ``limit`` failures, once it also
-    lasts ``timeout`` seconds when they are transient (every upstream down or
-    its breaker open fails at once, so a few seconds of them say more than
-    their count). A request that timed out says the upstream produced nothing
-    for its whole deadline: a timeout ends the job as soon as the streak lasts
-    ``timeout``, whatever the count, so a hung upstream holds a job for about
-    one request timeout plus ``timeout``, not ``limit`` request timeouts.
+    The streak starts at its first failure. It ends the job after ``limit``
+    failures; when they are transient (``EngineUnavailable``: every upstream
+    down or its breaker open; ``EngineTimeout``) only once it also lasts
+    ``timeout`` seconds, and then it ends it at that moment even with requests
+    still in flight (:meth:`deadline`, :meth:`expired`): a hung upstream holds
+    a job for one request timeout plus ``timeout``, not ``limit`` request
+    timeouts. An upstream's refusal of the request itself
+    (:class:`~blendserve.errors.UpstreamRejected`) ends it at once.
 
     Args:
         limit: failures in a row that end the job.
@@ -42,7 +42,7 @@ class FailureStreak:
         self.timeout = timeout
         self.count = 0
         self.started = 0.0  # when the current streak began
-        self.last_success = -math.inf
+        self.last: BaseException | None = None  # its latest failure
         self.resume_at = -math.inf  # no dispatch before this
         self.error: str | None = None  # why the job gave up
         self.cause: BaseException | None = None
@@ -51,31 +51,51 @@ class FailureStreak:
         """Seconds to wait before the next dispatch (0 once the job gave up)."""
         return self.resume_at - now if self.error is None else 0.0
 
-    def succeeded(self, now: float = -math.inf) -> None:
-        """A request came back (at ``now``): the streak and its backoff end."""
-        self.count = 0
-        self.resume_at = -math.inf
-        self.last_success = max(self.last_success, now)
+    def deadline(self) -> float | None:
+        """When a streak of transient failures ends the job if no success comes first."""
+        if self.error is not None or not _transient(self.last):
+            return None
+        return self.started + self.timeout
 
-    def failed(self, exc: BaseException, now: float, sent: float | None = None) -> bool:
-        """Counts a failure of a request sent at ``sent``; True if it is the one that ends
-        the job."""
+    def succeeded(self) -> None:
+        """A request came back: the streak and its backoff end."""
+        self.count = 0
+        self.last = None
+        self.resume_at = -math.inf
+
+    def failed(self, exc: BaseException, now: float) -> bool:
+        """Counts a failure; True if it is the one that ends the job."""
         if self.count == 0:
-            self.started = max(now if sent is None else sent, self.last_success)
+            self.started = now
         self.count += 1
+        self.last = exc
         self.resume_at = now + backoff_s(self.count)
-        lasted = now - self.started
-        timed_out = isinstance(exc, EngineTimeout) and lasted >= self.timeout
-        if self.error is not None or (self.count < self.limit and not timed_out):
+        if self.error is not None:
             return False
-        transient = isinstance(exc, (EngineUnavailable, EngineTimeout))
-        if transient and lasted < self.timeout:
+        if isinstance(exc, UpstreamRejected):  # the request itself: no retry helps
+            return self._end(exc, now)
+        if self.count < self.limit or (_transient(exc) and now - self.started < self.timeout):
             return False
+        return self._end(exc, now)
+
+    def expired(self, now: float) -> bool:
+        """True once (the job ends now) when the transient streak outlasted its deadline."""
+        deadline = self.deadline()
+        if deadline is None or now < deadline or self.last is None:
+            return False
+        return self._end(self.last, now)
+
+    def _end(self, exc: BaseException, now: float) -> bool:
         if isinstance(exc, EngineError):
             detail = str(exc)
         else:  # a bug: its words and traceback are for the log, not the caller
             _log.error("engine request failed with an internal error", exc_info=exc)
             detail = "an internal error (the server's log has the details)"
+        lasted = now - self.started
         self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {detail}"
         self.cause = exc
         return True
+
+
+def _transient(exc: BaseException | None) -> bool:
+    return isinstance(exc, (EngineUnavailable, EngineTimeout))

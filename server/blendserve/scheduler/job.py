@@ -33,10 +33,10 @@ Engine failures are refunded and retried after a backoff (doubling from
 answers it has marked partial, after ``max_consecutive_failures`` failures
 with no success in between, once that streak also spans ``failure_timeout``
 seconds when the failures are transient (``EngineUnavailable``: every
-upstream down or its circuit breaker open, ``EngineTimeout``); a timeout ends
-it as soon as the streak, counted from its request's dispatch, spans
-``failure_timeout`` (a hung upstream: about one request timeout plus it).
-Other errors (an upstream refusing the request, a bug) end it without waiting.
+upstream down or its circuit breaker open, ``EngineTimeout``), and then at
+that moment, with requests still in flight (a hung upstream holds a job for
+one request timeout plus ``failure_timeout``). An upstream's refusal of the
+request itself ends it at once; other errors (a bug) after the streak.
 """
 
 from __future__ import annotations
@@ -139,7 +139,6 @@ class Job:
         self._cancelled: str | None = None  # why cancel() ended the job
         # task -> (question index, samples requested)
         self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
-        self._sent_at: dict[asyncio.Task[list[Sample]], float] = {}  # the loop's time
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
@@ -196,12 +195,7 @@ class Job:
                         await asyncio.sleep(backoff)
                         continue
                     break
-                done, _ = await asyncio.wait(
-                    in_flight,
-                    timeout=backoff if backoff > 0 else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done:
+                for task in await self._returned(failures, backoff):
                     q = await self._complete(task, failures, loop.time)
                     if failures.error is None:
                         candidates = sweeper.candidates(q, self.policy)
@@ -233,21 +227,40 @@ class Job:
         after a backoff; the failure that ends the job cancels the rest).
         """
         q, n = self._in_flight.pop(task)
-        sent = self._sent_at.pop(task, None)
         self.sink.in_flight(-n)
         self.engine.sequences_in_flight -= n
         exc = None if task.cancelled() else task.exception()
         if task.cancelled():
             self._refund(q, n)
         elif exc is None:
-            failures.succeeded(clock())
+            failures.succeeded()
             await self._record(q, task.result(), n)
         else:
             self._refund(q, n)
-            if failures.failed(exc, clock(), sent):
+            if failures.failed(exc, clock()):
                 for other in self._in_flight:  # refunded when they end, never counted
                     other.cancel()
         return q
+
+    async def _returned(
+        self, failures: FailureStreak, backoff: float
+    ) -> set[asyncio.Task[list[Sample]]]:
+        """Requests that came back, waited for until the backoff ends or the failure streak's
+        deadline passes (the job then gives up: its requests are cancelled, and refunded)."""
+        now = asyncio.get_running_loop().time
+        waits = [backoff] if backoff > 0 else []
+        deadline = failures.deadline()
+        if deadline is not None:
+            waits.append(max(0.0, deadline - now()))
+        done, _ = await asyncio.wait(
+            self._in_flight,
+            timeout=min(waits) if waits else None,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if not done and failures.expired(now()):
+            for task in self._in_flight:
+                task.cancel()
+        return done
 
     def _refund(self, q: int, n: int) -> None:
         for _ in range(n):
@@ -292,7 +305,6 @@ class Job:
         )
         tasks = list(in_flight)
         in_flight.clear()
-        self._sent_at.clear()
         await cancel_all(tasks)
 
     def _in_flight_limit(self) -> int:
@@ -364,7 +376,6 @@ class Job:
                 first += n
                 task = asyncio.ensure_future(self.engine.generate(request))
                 in_flight[task] = (q, n)
-                self._sent_at[task] = asyncio.get_running_loop().time()
                 self.sink.in_flight(n)
                 self.engine.sequences_in_flight += n
 

@@ -38,7 +38,7 @@ from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, Stoppin
 from blendserve.core.votes import VoteState
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, Sample, SamplingParams
-from blendserve.errors import EngineError
+from blendserve.errors import EngineError, UpstreamRejected
 from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import AnswerEvent
 from blendserve.scheduler.failures import FailureStreak
@@ -283,30 +283,29 @@ class Pool:
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
-                sent = clock()
                 samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave, rule))
+                deadline = failures.deadline()
+                wait_s = None if deadline is None else max(0.0, deadline - clock())
                 try:
                     # wait(), not await: cancel() cuts the wave, not this question's task.
-                    await asyncio.wait((samples_task,))
+                    done, _ = await asyncio.wait((samples_task,), timeout=wait_s)
                 finally:
                     state.wave = None
-                    if not samples_task.done():  # this question's task was cancelled
+                    if not samples_task.done():  # cancelled, or past the streak's deadline
                         samples_task.cancel()
                         await asyncio.gather(samples_task, return_exceptions=True)
+                if not done and failures.expired(clock()) and failures.cause is not None:
+                    return self._give_up(state, n, failures, failures.cause)
                 if samples_task.cancelled():
                     continue  # cut by cancel()
                 try:
                     samples = samples_task.result()
                 except EngineError as exc:
-                    if failures.failed(exc, clock(), sent):
-                        if n == 0:  # as a failed job, of the same kind of error
-                            raise type(exc)(
-                                f"engine failed {failures.count} times in a row: {exc}"
-                            ) from exc
-                        return self._answer(state, partial=True, capped=False)
+                    if failures.failed(exc, clock()):
+                        return self._give_up(state, n, failures, exc)
                     await asyncio.sleep(failures.backoff(clock()))
                     continue
-                failures.succeeded(clock())
+                failures.succeeded()
                 state.rounds += 1
                 await self._record(state, samples)
                 threshold.spend(n, state.votes.num_samples[0])
@@ -330,6 +329,16 @@ class Pool:
             self._open.discard(state)
             self.num_open -= 1
             self.sink.queued(-1)
+
+    def _give_up(
+        self, state: _Open, n: int, failures: FailureStreak, exc: BaseException
+    ) -> AnswerEvent:
+        """A question whose engine failures ended it: answered with what it has, else raised."""
+        if isinstance(exc, UpstreamRejected):
+            raise exc  # the upstream's refusal of the request, as it is
+        if n == 0:  # as a failed job, of the same kind of error
+            raise type(exc)(failures.error) from exc
+        return self._answer(state, partial=True, capped=False)
 
     async def _wave(self, state: _Open, wave: int, rule: StoppingRule) -> list[Sample]:
         """Requests ``wave`` samples once the pool has room for them."""

@@ -23,6 +23,7 @@ from blendserve.errors import (
     InvalidRequest,
     ModelNotFound,
     ServiceOverloaded,
+    UpstreamRejected,
 )
 from blendserve.service.disconnect import ClientGone
 from blendserve.service.json_depth import deep_field_in, depth_message
@@ -62,6 +63,10 @@ def status_for(exc: BaseException) -> int:
         return 429
     if isinstance(exc, EngineTimeout):
         return 504
+    if isinstance(exc, UpstreamRejected):
+        # The caller's request, refused upstream (a parameter it takes no value of, a model
+        # it lacks): as it is; the upstream refusing our credentials is ours, a 502.
+        return 502 if exc.status in (401, 403, 407) else exc.status
     if isinstance(exc, (EngineUnavailable, EngineProtocolError, EngineError)):
         return 502 if isinstance(exc, EngineProtocolError) else 503
     return 500

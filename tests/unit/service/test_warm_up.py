@@ -12,15 +12,18 @@ def test_the_policy_kernels_are_ready_before_the_first_request() -> None:
     # A fresh process: in this one another test may have compiled them already.
     code = textwrap.dedent(
         f"""
+        import sys
         from fastapi.testclient import TestClient
         from blendserve.core.policies import _blend_kernel as kernel
         from blendserve.service import Settings, create_app
 
         app = create_app(Settings(engine="replay", data={str(DATA)!r}))
-        kernels = (kernel.move_question, kernel.set_selectable, kernel.take_best)
-        assert not any(k.signatures for k in kernels)
+        # numba loads with the first kernel, not with the service's modules (a vLLM
+        # CPU worker re-imports them and trips on llvmlite's bindings).
+        assert "numba" not in sys.modules
         with TestClient(app):
-            print(all(k.signatures for k in kernels))
+            kernels = (kernel.move_question, kernel.set_selectable, kernel.take_best)
+            print(all(getattr(k, "signatures", None) for k in kernels))
         """
     )
     result = subprocess.run(
