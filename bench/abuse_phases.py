@@ -138,7 +138,7 @@ def _ask(url: str, key: str, prompt: str) -> float:
 
 def sympy(slow: int = 30) -> bool:
     """One key's slow math answers do not hold back another key's answer in the same pool."""
-    records = [{"prompt": f"slow {k}", "answers": [f"(x+{k})^{{999}}"]} for k in range(slow)]
+    records = [{"prompt": f"slow {k}", "answers": [f"(x+y+z+{k})^{{24}}"]} for k in range(slow)]
     records += [
         {"prompt": f"ordinary {i}", "answers": [f"\\frac{{{i + 2}}}{{{2 * i + 7}}}"]}
         for i in range(10)

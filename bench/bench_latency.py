@@ -43,8 +43,10 @@ from records import Record, StreamEngine, load, percentiles, question_key, synth
 
 TARGET = 32
 STEP = 0.5
-#: Log-normal ``(mu, sigma)`` of completion tokens: the embedded model's GSM8K answers.
-LENGTH = (5.0, 0.5)
+#: Log-normal ``(mu, sigma)`` of completion tokens, fitted to the embedded model's answers
+#: to GSM8K questions (the first 12 of tests/fixtures/gsm8k_test_200.jsonl, 2 samples each
+#: at temperature 0.8, max_tokens 512: mean 277 tokens, 164 to 497, none cut).
+LENGTH = (5.58, 0.30)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from tests.support.live import LiveServer, serve_engine
 from tests.support.waiting import wait_until
 
 SLOW, OTHER = "key-slow", "key-other"
-# Each slow answer is a distinct polynomial power: about a second of sympy, so
-# the slow client's questions queue several seconds of it.
+# Each slow answer is a distinct polynomial power: about a second of sympy (within what
+# is safe to parse), so the slow client's questions queue several seconds of it.
 NUM_SLOW = 8
 SLOW_RECORDS = [
-    {"prompt": f"slow {k}", "answers": [f"(x+{k})^{{400}}"]} for k in range(1, NUM_SLOW + 1)
+    {"prompt": f"slow {k}", "answers": [f"(x+y+z+{k})^{{24}}"]} for k in range(1, NUM_SLOW + 1)
 ]
 # Fresh answers (never cached before) that need sympy, but only milliseconds of it.
 ORDINARY_RECORDS = [
