@@ -138,7 +138,7 @@ class WavePlan:
         # A stream's tau is paced: a last wave of all a contested question is
         # expected to need would take samples the pacing then takes from others.
         grown = max(1, math.ceil(self.growth * num_samples))
-        return min(grown, self._step(need, n1, n2, num_samples, log_tau, rounds_left))
+        return min(grown, self.step(need, n1, n2, num_samples, log_tau, rounds_left))
 
     def allocate(
         self,
@@ -195,12 +195,8 @@ class WavePlan:
     def step(
         self, need: int, n1: int, n2: int, num_samples: int, log_tau: float, rounds_left: int
     ) -> int:
-        """The wave sent of ``need``: all of it in a question's last round, else a share."""
-        return self._step(need, n1, n2, num_samples, log_tau, rounds_left)
-
-    def _step(
-        self, need: int, n1: int, n2: int, num_samples: int, log_tau: float, rounds_left: int
-    ) -> int:
+        """The wave sent of ``need``: all of it in a question's last round, else a share of it
+        (at least what a unanimous question would need to reach ``log_tau``)."""
         if need <= 0:
             return 0
         grown = max(1, math.ceil(self.growth * num_samples))
