@@ -10,7 +10,7 @@ import httpx2
 import pytest
 from blendserve.engines._replicas import BreakerState
 from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
-from blendserve.engines.config import RetryPolicy
+from blendserve.engines.config import RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import EngineUnavailable
@@ -247,3 +247,21 @@ def test_an_upstream_refusing_the_request_is_answered_at_once_as_what_it_is(
     assert v1.status_code == status and "max_tokens is too large" in v1.text
     assert len(completions) == 1  # not retried: no retry can help
     assert solve.json()["status"] == "failed" and "max_tokens is too large" in solve.text
+
+
+def test_a_hung_pass_through_is_a_503_that_says_why() -> None:
+    fake = FakeServer(FakeState(name="hung-pass", timeout_rate=1.0)).start()
+    engine = OpenAIEngine([fake.url], timeouts=Timeouts(call=1.0))
+    body = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "6 * 7?"}],
+        "blendserve": {"enabled": False},
+    }
+    try:
+        with serve_engine(engine) as live:
+            reply = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=60)
+    finally:
+        fake.kill()
+    assert reply.status_code == 503, reply.text
+    message = reply.json()["error"]["message"]
+    assert message.endswith(")") and "no answer in time" in message

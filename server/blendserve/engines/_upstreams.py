@@ -95,6 +95,16 @@ def parse_queue(text: str) -> tuple[int, int] | None:
     return max(0, round(totals[RUNNING])), max(0, round(totals.get(WAITING, 0.0)))
 
 
+def _described(exc: BaseException | None) -> str:
+    """What went wrong, never empty: httpx's timeouts carry no message of their own."""
+    if exc is None:
+        return "none answered"
+    text = str(exc)
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"no answer in time ({type(exc).__name__}{': ' + text if text else ''})"
+    return text or type(exc).__name__
+
+
 class Upstreams:
     """The replicas of one engine, the pool that reaches them and their probes.
 
@@ -322,7 +332,7 @@ class Upstreams:
                 raw.headers.get("content-type", "application/json"),
                 self._relay(raw, replica, shard),
             )
-        raise EngineUnavailable(f"no upstream could take the request: {last}") from last
+        raise EngineUnavailable(f"no upstream could take the request: {_described(last)}") from last
 
     async def _relay(
         self, raw: httpx2.Response, replica: Replica, shard: int
@@ -352,7 +362,7 @@ class Upstreams:
         try:
             raw = await self.pool.side(replica.url, url, content, SIDE_TIMEOUT)
         except httpx2.HTTPError as exc:
-            raise EngineUnavailable(f"{url}: {exc}") from exc
+            raise EngineUnavailable(f"{url}: {_described(exc)}") from exc
         return UpstreamReply(
             raw.status_code, raw.headers.get("content-type", "application/json"), once(raw.content)
         )
