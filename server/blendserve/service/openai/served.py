@@ -48,20 +48,24 @@ class ServedModels:
         self._clock = clock
         self._names: list[str] = []
         self._listed_at = -math.inf
+        self._retry_at = -math.inf  # after a failed listing, not before this
         self._lock = asyncio.Lock()
 
     async def names(self, max_age: float = LIST_TTL_S) -> list[str]:
         """The engine's model names, asked again when the kept list is older than ``max_age``.
 
-        Empty when the engine lists none, or its list cannot be had now.
+        Empty when the engine lists none, or its list could never be had. A list that
+        cannot be had now leaves the last one in place (a name it lacks is still a 404)
+        and is asked for again after :data:`MISS_TTL_S`, not :data:`LIST_TTL_S`.
         """
         async with self._lock:  # one request for the list at a time
-            if self._clock() - self._listed_at >= max_age:
+            now = self._clock()
+            if now - self._listed_at >= max_age and now >= self._retry_at:
                 try:
                     self._names = list(await self.engine.models())
+                    self._listed_at = self._clock()
                 except BlendserveError:
-                    self._names = []
-                self._listed_at = self._clock()
+                    self._retry_at = self._clock() + MISS_TTL_S
             return self._names
 
     def known(self) -> set[str]:
