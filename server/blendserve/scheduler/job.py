@@ -142,6 +142,7 @@ class Job:
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
+        self._ready = 0  # questions whose samples all came back since the last plan
 
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests.
@@ -325,7 +326,11 @@ class Job:
         if self._plan is not None:
             free = self.engine.load().free
             if free > limit - policy.num_pending:
-                self._send(self._dispatch_waves(self._plan, free), in_flight)
+                # A plan looks at every open question: made again once a sixteenth of them
+                # (or all in flight) came back, not at every completion of a large job.
+                if not policy.num_pending or self._ready >= policy.num_open // 16:
+                    self._ready = 0
+                    self._send(self._dispatch_waves(self._plan, free), in_flight)
                 return
         sizes: dict[int, int] = {}
         for _ in range(limit - policy.num_pending):
@@ -394,6 +399,7 @@ class Job:
             self.policy.cancel(q)  # an engine that returned too few: refund, never lose
         if state.stop_if_cut():
             self._stop(q)  # answered once its cancelled requests are refunded
+        self._ready += not self.policy.num_pending_of[q]
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False

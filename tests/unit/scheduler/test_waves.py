@@ -101,3 +101,24 @@ def test_a_busy_engine_keeps_the_job_sample_by_sample() -> None:
     sizes = Counter(len(s) for s in engine.starts.values())
     assert max(sizes) > 4  # rounds are not bounded: samples, not waves, bound the job
     assert engine.stats.max_sequences_in_flight <= 8
+
+
+def test_a_large_job_plans_again_once_a_share_of_its_questions_came_back() -> None:
+    """Not at every completion: a plan looks at every open question."""
+    records = _records(400, seed=3)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    latency = LatencyModel(fixed=0.5, exponential_mean=0.5, max_concurrent_sequences=100_000)
+    engine = ReplayEngine(records, seed=3, latency=latency, answer_kind="exact")
+    job = Job(JobSpec(questions, budget=400 * 8, max_rounds=4), engine, last_word)
+    plans = []
+    planned = job.policy.plan_waves
+
+    def counted(*args: Any) -> dict[int, int]:
+        plans.append(1)
+        return planned(*args)
+
+    job.policy.plan_waves = counted  # type: ignore[method-assign]
+    events, _ = _run(job)
+    assert isinstance(events[-1], DoneEvent) and events[-1].spent > 400
+    # About 16 plans a round (and each question's last), not one a completion (907 here).
+    assert engine.stats.requests > 800 and len(plans) <= 200
