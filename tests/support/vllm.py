@@ -19,10 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.command import free_port
-from tests.support.tools import REQUIRED
+from tests.support.tools import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
@@ -40,10 +39,7 @@ STARTUP_S = 600
 def require_vllm() -> Path:
     """The vLLM venv's python; without it (or the model) the test skips (fails under CI)."""
     if not PYTHON.exists() or not (MODEL_DIR / "config.json").exists():
-        message = f"vLLM's CPU build or its model is missing: {HINT}"
-        if os.environ.get(REQUIRED) == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"vLLM's CPU build or its model is missing: {HINT}")
     return PYTHON
 
 
