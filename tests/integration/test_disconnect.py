@@ -16,6 +16,7 @@ import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
+from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer
 from tests.support.waiting import wait_until
@@ -86,3 +87,4 @@ def test_a_client_that_leaves_drops_upstream_requests_within_a_second(
     assert took < 1.0
     assert state.samples_served == before[0]  # nothing was generated for nobody
     assert state.disconnects - before[1] >= in_flight
+    assert_accounting(live.url, [upstream.url])

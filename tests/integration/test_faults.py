@@ -20,6 +20,7 @@ from blendserve import metrics
 from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 
+from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import serve_engine
 from tests.support.waiting import wait_until
@@ -83,6 +84,7 @@ def test_every_job_completes_and_counts_each_served_sample_once(
         with ThreadPoolExecutor(len(budgets)) as pool:
             results = list(pool.map(solve, budgets))
         health = httpx.get(f"{live.url}/health").json()
+        accounting = assert_accounting(live.url, engine.urls)
 
     for result, budget in zip(results, budgets, strict=True):
         assert result["status"] == "completed", result["error"]
@@ -97,6 +99,7 @@ def test_every_job_completes_and_counts_each_served_sample_once(
     faults = [s.state.faults for s in faulty]
     print(f"\n{served} samples served over {requests} requests, faults {faults}")
     assert served == sum(budgets)  # none lost, none counted twice
+    assert accounting.total("completed") == served
     for kind in ("error", "timeout", "drop", "slow"):
         assert sum(s.state.faults.get(kind, 0) for s in faulty) > 0, kind
     # Hung requests were given up (the upstream notices a moment later).
@@ -166,6 +169,7 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
         thread.join(30)
         assert not thread.is_alive()
         health = httpx.get(f"{live.url}/health").json()
+        accounting = assert_accounting(live.url, engine.urls)
     ended, result = box[0]
     took = ended - gone
     print(f"\nall upstreams down -> job ended in {took:.2f} s (stream={stream})")
@@ -179,6 +183,7 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
     counted = sum(a["samples"] for a in answers)
     assert counted == result["usage"]["samples"] == result["budget"]["spent"]
     assert counted == sum(u.state.samples_served for u in upstreams)
+    assert accounting.total("completed") == counted
     assert health["upstreams"] == {u.url: False for u in upstreams}
     for upstream in upstreams:
         gauge = metrics.UPSTREAM_HEALTHY.labels(engine.urls[upstreams.index(upstream)])
@@ -202,6 +207,7 @@ def test_v1_question_without_any_answer_is_an_openai_503(stream: bool) -> None:
                     pass
         took = time.monotonic() - started
         client.close()
+        accounting = assert_accounting(live.url, engine.urls)
     print(f"\n/v1 with every upstream down answered in {took:.2f} s (stream={stream})")
     assert took < FAILURE_TIMEOUT_S + 3
     error = caught.value.body
@@ -211,3 +217,4 @@ def test_v1_question_without_any_answer_is_an_openai_503(stream: bool) -> None:
         assert caught.value.status_code == 503
     assert error["code"] == 503 and error["type"] == "server_error"
     assert "in a row" in error["message"]
+    assert accounting.total("failed") > 0 and accounting.total("completed") == 0

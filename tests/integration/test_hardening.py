@@ -15,9 +15,11 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import EngineUnavailable
 
+from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import serve_engine
 from tests.support.running import run_coroutine
+from tests.support.stats import RecordingStats
 
 
 def test_head_health_answers_as_get_does() -> None:
@@ -62,9 +64,11 @@ def test_a_422_names_the_field_the_caller_sent(body: dict[str, object], param: s
 def test_a_half_open_breaker_closes_on_an_upstream_that_ignores_n() -> None:
     """The single requests of an ``n > 1`` request wait for the trial, not fail and cancel it."""
     fake = FakeServer(FakeState(name="ignores-n", honour_n=False)).start()
+    stats = RecordingStats()
 
     async def scenario() -> int:
         engine = OpenAIEngine([fake.url], retry=RetryPolicy(max_retries=4))
+        engine.report_to(stats)
         try:
             await engine.generate(_request(2))  # learns that the upstream ignores n
             fake.state.fail_next = 3
@@ -84,6 +88,8 @@ def test_a_half_open_breaker_closes_on_an_upstream_that_ignores_n() -> None:
         assert run_coroutine(scenario()) == 4
     finally:
         fake.stop()
+    accounting = assert_accounting(stats)
+    assert accounting.total("failed") == 3 and accounting.total("cancelled") > 0
 
 
 def _request(n: int) -> GenerateRequest:
@@ -152,6 +158,7 @@ def test_a_hung_upstream_ends_a_request_within_its_timeout_and_the_failure_timeo
             started = time.monotonic()
             response = httpx.post(f"{live.url}{route}", json=bodies[route], timeout=60)
             elapsed = time.monotonic() - started
+            assert_accounting(live.url, engine.urls)
     finally:
         fake.kill()
     assert response.status_code in (200, 502, 503, 504), response.text
@@ -162,15 +169,6 @@ def test_a_hung_upstream_ends_a_request_within_its_timeout_and_the_failure_timeo
 
 def _nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
-
-
-def _samples_by_outcome(metrics: str) -> dict[str, float]:
-    counts: dict[str, float] = {}
-    for line in metrics.splitlines():
-        if line.startswith("blendserve_upstream_samples_total{"):
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            counts[outcome] = counts.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
-    return counts
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -195,13 +193,12 @@ def test_a_reply_nested_too_deep_is_an_upstream_error_and_every_sample_is_accoun
         solve = httpx.post(
             f"{live.url}/solve", json={"questions": [{"prompt": "6 * 7?"}], "budget": 4}, timeout=60
         )
-        counts = _samples_by_outcome(httpx.get(f"{live.url}/metrics", timeout=10).text)
+        accounting = assert_accounting(live.url, engine.urls)
     assert v1.status_code == 502, v1.text
     assert v1.json()["error"]["type"] == "server_error"
     for reply in (v1, solve):
         assert "Traceback" not in reply.text and "attribute" not in reply.text
-    dispatched = counts.pop("dispatched")
-    assert dispatched > 0 and dispatched == sum(counts.values()), counts
+    assert accounting.total("dispatched") > 0
 
 
 class _BuggyEngine(ReplayEngine):
@@ -218,8 +215,10 @@ def test_a_bug_is_a_500_of_the_error_contract_without_internals(route: str) -> N
         "/solve": {"questions": [{"messages": [question]}], "budget": 4},
         "/v1/chat/completions": {"model": "replay", "messages": [question]},
     }
-    with serve_engine(_BuggyEngine([{"id": "q", "answers": ["1"]}])) as live:
+    engine = _BuggyEngine([{"id": "q", "answers": ["1"]}])
+    with serve_engine(engine) as live:
         response = httpx.post(f"{live.url}{route}", json=bodies[route], timeout=60)
+        assert_accounting(live.url, [engine.name])
     assert "secret" not in response.text and "Traceback" not in response.text
     if response.status_code == 500:
         assert response.json()["error"]["type"] == "server_error"
@@ -244,6 +243,7 @@ def test_an_upstream_refusing_the_request_is_answered_at_once_as_what_it_is(
         solve = httpx.post(
             f"{live.url}/solve", json={"questions": [{"prompt": "6 * 7?"}], "budget": 4}, timeout=60
         )
+        assert_accounting(live.url, engine.urls)
     assert v1.status_code == status and "max_tokens is too large" in v1.text
     assert len(completions) == 1  # not retried: no retry can help
     assert solve.json()["status"] == "failed" and "max_tokens is too large" in solve.text
@@ -260,6 +260,7 @@ def test_a_hung_pass_through_is_a_503_that_says_why() -> None:
     try:
         with serve_engine(engine) as live:
             reply = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=60)
+            assert_accounting(live.url, engine.urls)
     finally:
         fake.kill()
     assert reply.status_code == 503, reply.text

@@ -21,8 +21,10 @@ from blendserve.errors import EngineProtocolError
 from blendserve.service import Settings, create_app
 from blendserve.service.limits import Admission
 
+from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.live import LiveServer, serve_engine
+from tests.support.stats import RecordingStats
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -69,6 +71,7 @@ def test_pass_through_requests_count_against_the_job_limit(fake: FakeServer) -> 
         for future in held:
             future.result(timeout=30)
         wait_until(lambda: admission.jobs == 0, 10, "the slots given back")
+        assert_accounting(live.url, engine.urls)
 
 
 def test_a_pass_through_to_a_silent_upstream_ends_at_the_read_timeout(fake: FakeServer) -> None:
@@ -80,6 +83,7 @@ def test_a_pass_through_to_a_silent_upstream_ends_at_the_read_timeout(fake: Fake
         assert response.status_code == 503, response.text
         assert time.monotonic() - start < 10
         assert live.service.admission.jobs == 0
+        assert_accounting(live.url, engine.urls)
 
 
 def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer) -> None:
@@ -98,6 +102,7 @@ def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer
                 received += len(chunk)
                 assert received < 4 << 20, "the endless reply was relayed on"
         wait_until(lambda: live.service.admission.jobs == 0, 10, "the slot given back")
+        assert_accounting(live.url, engine.urls)
 
 
 # --- upstreams that flood ---------------------------------------------------------------
@@ -105,6 +110,7 @@ def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer
 
 def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) -> None:
     fake.state.endless = True
+    stats = RecordingStats()
 
     async def scenario() -> None:
         engine = OpenAIEngine(
@@ -114,6 +120,7 @@ def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) ->
             limits=Limits(response_bytes=1 << 20),
             retry=RetryPolicy(max_retries=0),
         )
+        engine.report_to(stats)
         async with engine:
             from blendserve.engines.base import GenerateRequest
 
@@ -123,15 +130,18 @@ def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) ->
     start = time.monotonic()
     asyncio.run(scenario())
     assert time.monotonic() - start < 10
+    assert assert_accounting(stats).total("failed") == 1
 
 
 def test_a_huge_completion_fails_at_the_size_limit(fake: FakeServer) -> None:
     fake.state.pad_bytes = 2 << 20
+    stats = RecordingStats()
 
     async def scenario() -> None:
         async with OpenAIEngine(
             [fake.url], limits=Limits(response_bytes=1 << 20), retry=RetryPolicy(max_retries=0)
         ) as engine:
+            engine.report_to(stats)
             from blendserve.engines.base import GenerateRequest
 
             with pytest.raises(EngineProtocolError, match="over 1048576 bytes"):
@@ -140,6 +150,8 @@ def test_a_huge_completion_fails_at_the_size_limit(fake: FakeServer) -> None:
             assert len(await engine.generate(GenerateRequest(prompt="x"))) == 1
 
     asyncio.run(scenario())
+    accounting = assert_accounting(stats)
+    assert accounting.total("failed") == accounting.total("completed") == 1
 
 
 def test_a_retry_after_longer_than_the_failure_timeout_fails_the_job_in_time(
@@ -150,6 +162,7 @@ def test_a_retry_after_longer_than_the_failure_timeout_fails_the_job_in_time(
         start = time.monotonic()
         response = httpx.post(f"{live.url}/solve", json=SOLVE, timeout=60)
         elapsed = time.monotonic() - start
+        assert_accounting(live.url, [fake.url])
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "failed"
     assert elapsed < 15, f"the job outlived its failure timeout by {elapsed:.0f} s"
@@ -175,6 +188,7 @@ def test_upstream_credentials_are_sent_as_basic_auth_and_never_shown(fake: FakeS
         shown.append(httpx.post(f"{live.url}/solve", json=SOLVE, timeout=60).text)
         chat = {**CHAT, "blendserve": {"answer": "number", "budget_per_question": 2}}
         shown.append(httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60).text)
+        assert_accounting(live.url, [fake.url])
     assert fake.url in shown[1]  # the metrics label is the URL without its credentials
     assert f"{fake.url}/chat/completions answered 429" in shown[2]
     assert f"{fake.url}/chat/completions answered 429" in shown[3]
