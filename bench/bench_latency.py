@@ -18,10 +18,15 @@ per question, the waves of a job (mean) and its rounds per question (p50/p95:
 the distinct times its requests started). **Load** (``--load``): every job
 of a set at once on one engine (the engine full), the modelled seconds until
 the last answer, and the throughput (questions a second) against SC@32's.
+**HTTP** (``--http``): the same jobs through a real ``POST /solve`` on a
+loopback server over the same engine, in real time (a wave lasts
+``--wave-seconds``), at the budget the idle search found, against SC@32 sent
+through ``/solve`` as ``policy: sc`` with 32 samples of a question in one
+request: what a caller waits for, scheduler and HTTP included.
 
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
     [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4] [--load]
-    [--per-token 0]
+    [--per-token 0] [--http] [--wave-seconds 0.5]
 """
 
 from __future__ import annotations
@@ -29,15 +34,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+from bench_scheduler import serve
 from blendserve.answers import make_keyer
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
+from blendserve.service import Settings
 from blendserve.sim.clock import run_virtual
 from records import Record, StreamEngine, load, percentiles, question_key, synthetic_records
 
@@ -64,9 +73,11 @@ class _WaveEngine(StreamEngine):
     """The answer streams under the wave latency model, keeping when each question's requests
     started: requests of one wave (a wave split at ``max_samples_per_request``) start together."""
 
-    def __init__(self, records: list[Record], seed: int, capacity: int, per_token: float) -> None:
+    def __init__(
+        self, records: list[Record], seed: int, capacity: int, per_token: float, wave: float = 1.0
+    ) -> None:
         latency = LatencyModel(
-            fixed=1.0, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
+            fixed=wave, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
         )
         super().__init__(records, seed, latency)
         self.starts: dict[str, set[float]] = {}
@@ -162,6 +173,45 @@ def measure(
     return Run(wrong / n, spent / n, tokens / n, statistics.fmean(seconds), (p50, p95))
 
 
+def over_http(
+    jobs: list[list[Record]], capacity: int, reps: int, b: float | None, wave: float
+) -> Run:
+    """Each job through a real ``POST /solve`` on a fresh loopback server, in real time;
+    ``b`` None: SC@32 (``policy: sc``, a question's 32 samples in one request)."""
+    if b is None:
+        options: dict[str, Any] = {
+            "policy": "sc", "budget_per_question": TARGET,
+            "in_flight_per_question": TARGET, "concurrency": 4096,
+        }  # fmt: skip
+    else:
+        options = {"budget_per_question": b}
+    wrong = spent = tokens = 0
+    waves: list[float] = []
+    for seed in range(reps):
+        for job in jobs:
+            engine = _WaveEngine(job, seed, capacity, 0.0, wave)
+            server, thread, port = serve(engine, Settings(default_concurrency=capacity))
+            body = {
+                "questions": [{"id": r.id, "prompt": r.id} for r in job],
+                "answer": {"kind": "exact"},
+                **options,
+            }
+            try:
+                start = time.perf_counter()
+                reply = httpx.post(f"http://127.0.0.1:{port}/solve", json=body, timeout=600)
+                waves.append((time.perf_counter() - start) / wave)
+            finally:
+                server.should_exit = True
+                thread.join()
+            result = reply.raise_for_status().json()
+            answers = result["answers"]
+            wrong += sum(a["answer"] != r.mode for a, r in zip(answers, job, strict=True))
+            spent += result["budget"]["spent"]
+            tokens += result["usage"]["completion_tokens"]
+    n = reps * sum(len(j) for j in jobs)
+    return Run(wrong / n, spent / n, tokens / n, statistics.fmean(waves), (0.0, 0.0))
+
+
 def least(
     jobs: list[list[Record]], capacity: int, reps: int, bar: float, **options: Any
 ) -> tuple[float | None, Run]:
@@ -222,8 +272,24 @@ def load_rows(name: str, records: list[Record], args: argparse.Namespace) -> Non
         )
 
 
+def http_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
+    """One row per capacity: the idle search's budget, then both methods through HTTP."""
+    jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)]
+    jobs = jobs[: args.jobs]
+    for capacity in args.capacity:
+        b, _ = least(jobs, capacity, args.reps, measure(jobs, capacity, args.reps, None).error)
+        sc = over_http(jobs, capacity, args.reps, None, args.wave_seconds)
+        run = over_http(jobs, capacity, args.reps, b or TARGET, args.wave_seconds)
+        print(
+            f"| {name} | {size} | {capacity} | {sc.error:.4f}, {sc.seconds:.1f} "
+            f"| {b or TARGET} | {run.samples:.1f}, {run.tokens:.0f}, {run.error:.4f}, "
+            f"{run.seconds:.1f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
-    """Prints the idle table (and with ``--load``, the load table)."""
+    """Prints the idle table (or with ``--load`` the load table, with ``--http`` the HTTP one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, nargs="?", help="folder of recorded sets (*.jsonl)")
     parser.add_argument("--capacity", type=int, nargs="+", default=[256, 1024])
@@ -233,8 +299,20 @@ def main() -> None:
     parser.add_argument("--synthetic", default="llm,flat,many,ties,mixed,d1,d2")
     parser.add_argument("--load", action="store_true", help="the load table instead")
     parser.add_argument("--per-token", type=float, default=0.0, help="modelled seconds a token")
+    parser.add_argument("--http", action="store_true", help="the HTTP table instead")
+    parser.add_argument("--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a wave")
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
+    if args.http:
+        print(
+            "| set | Q | C | SC@32: error, waves | budget/q | default: samples/q, tokens/q, "
+            "error, waves |"
+        )
+        print("|---|---|---|---|---|---|")
+        for name, records in sets(args.data, families).items():
+            for size in args.sizes:
+                http_rows(name, records, size, args)
+        return
     if args.load:
         print(
             "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
