@@ -294,7 +294,12 @@ def test_clients_take_a_confidence(server: LiveServer) -> None:
 
 def test_health_and_models(server: LiveServer) -> None:
     health = httpx.get(f"{server.url}/health").json()
-    assert health == {"status": "ok", "engine": "replay", "upstreams": {"replay": True}}
+    assert health == {
+        "status": "ok",
+        "engine": "replay",
+        "upstreams": {"replay": True},
+        "capacity": None,
+    }
     models = httpx.get(f"{server.url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "replay"
 

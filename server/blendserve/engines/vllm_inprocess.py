@@ -55,6 +55,9 @@ class VLLMEngine(Engine):
         self.model = str(engine_args["model"])
         self._engine = async_llm.from_engine_args(engine_args_cls(**engine_args))
         self._tokenizer: Any = None
+        # vLLM's --max-num-seqs: what jobs may fill (the service's own load is all of it).
+        scheduler = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
+        self.capacity = getattr(scheduler, "max_num_seqs", None)
 
     async def _prompt(self, request: GenerateRequest) -> str | dict[str, list[int]]:
         if isinstance(request.prompt, str):

@@ -60,7 +60,9 @@ class Settings(BaseSettings):
     model_cache_dir: Path = Field(
         Path("~/.cache/blendserve/models"), description="where the embedded model is kept"
     )
-    vllm_model: str | None = Field(None, description="run this model with vLLM in-process (GPU)")
+    vllm_model: str | None = Field(
+        None, description="run this model with vLLM in-process (a GPU, or vLLM's CPU build)"
+    )
     default_concurrency: int = Field(
         64, ge=1, description="/solve: samples in flight per job at most"
     )

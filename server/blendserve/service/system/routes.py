@@ -30,6 +30,7 @@ async def health(request: Request) -> JSONResponse:
         status="ok" if state.healthy else "unavailable",
         engine=engine.name,
         upstreams=dict(state.upstreams),
+        capacity=engine.load().capacity,
     )
     return JSONResponse(body.model_dump(), status_code=200 if state.healthy else 503)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 __all__ = ["HealthResponse", "ModelCard", "ModelListResponse"]
 
@@ -15,6 +15,11 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
     engine: str
     upstreams: dict[str, bool]
+    capacity: int | None = Field(
+        None,
+        description="sequences the engine runs at once, as the service knows it (null: "
+        "unknown, and jobs decide sample by sample)",
+    )
 
 
 class ModelCard(BaseModel):
