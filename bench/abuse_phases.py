@@ -11,6 +11,8 @@ Each reproduces a fix the integration tests check, and measures it:
   sympy each, and another key's ordinary request (delayed by under 1 s).
 * ``tokenizer``: 600 ``/tokenize`` calls at once (429s beyond the job limit) and
   an 18.9 MB ``/detokenize`` body (413), ``/v1`` and ``/health`` meanwhile.
+
+:data:`PHASES` also holds the upstream fault phases of ``bench/abuse_faults.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from abuse_faults import FAULT_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
@@ -234,4 +237,5 @@ PHASES: dict[str, Callable[[], bool]] = {
     "labels": labels,
     "sympy": sympy,
     "tokenizer": tokenizer,
+    **FAULT_PHASES,
 }

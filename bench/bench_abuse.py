@@ -1,6 +1,6 @@
 """Hostile clients against ``blendserve serve``: slowloris, streams nobody reads, and more.
 
-Seven phases, chosen with ``--phases`` (default: all). For the first three it
+Twelve phases, chosen with ``--phases`` (default: all). For the first three it
 starts the real command (``blendserve serve --engine replay`` on DATA) on
 loopback with a soft limit of 1,024 open descriptors (as a default ``ulimit -n``
 gives it), then runs them bounded, each ``--duration`` seconds:
@@ -19,9 +19,9 @@ and the queued-questions gauge at the end (a reader whose job has finished
 keeps its connection open for keep-alive, its unread reply in the socket
 buffers), and the server's descriptors and RSS.
 
-The other four need no DATA and run first, each against a server of its own in
-this process (``bench/abuse_phases.py``), over the replay engine or a fake
-upstream on loopback:
+The other nine need no DATA and run first, each against a server of its own,
+over the replay engine or a fake upstream on loopback: four in this process
+(``bench/abuse_phases.py``):
 
 4. ``dropped``: 200 streamed ``/solve`` jobs dropped one event in, then 50
    plain ``/v1`` requests: the slowest, and the samples still in flight;
@@ -30,16 +30,32 @@ upstream on loopback:
 6. ``sympy``: one API key's 30 requests of slow math answers beside another
    key's ordinary ones: the other key's latency alone and beside them;
 7. ``tokenizer``: 600 ``/tokenize`` calls at once (how many got 429, ``/v1``
-   meanwhile) and an 18.9 MB ``/detokenize`` body (its status and time).
+   meanwhile) and an 18.9 MB ``/detokenize`` body (its status and time);
+
+and five upstream faults against ``blendserve serve`` processes
+(``bench/abuse_faults.py``, the fake upstream in this process):
+
+8. ``breaker``: an upstream that ignores ``n`` down until its breaker opens,
+   then back: when the first ``/solve`` and ``/v1`` answer;
+9. ``keys``: ``/solve`` of math answers ``\\boxed{(9x+k)^{1000}}``: reply
+   bytes, the server's memory, ``/health`` meanwhile;
+10. ``hung``: an upstream that never answers: when each request ends;
+11. ``nested``: upstream bodies nested 200,000 deep: what each route answers;
+12. ``accounting``: faults in turn against one server, then its sample
+    accounting (dispatched = completed + failed + cancelled + in flight).
 
 Exits 1 if ``/health`` ever took 1 s or more or failed, or if no fresh ``/solve``
-was admitted in one of the first three phases; or if one of the other four
+was admitted in one of the first three phases; or if one of the other nine
 missed its target: every plain ``/v1`` within 2 s and no sample in flight
 after; every flood request a 200 and ``/metrics`` under 1 MB; the other key
-delayed by under 1 s; some ``/tokenize`` refused with 429 and the body with 413.
+delayed by under 1 s; some ``/tokenize`` refused with 429 and the body with 413;
+answers within 3 s of the upstream's return; replies under 1 MB and ``/health``
+p99 under 200 ms; every request ended within the two timeouts plus 1 s; every
+reply the error contract; the accounting holding (in every fault phase).
 
 Usage: python bench/bench_abuse.py [DATA.jsonl] [--duration 40] [--slowloris 1000]
-[--readers 10] [--phases slowloris readers both dropped labels sympy tokenizer]
+[--readers 10] [--phases slowloris readers both dropped labels sympy tokenizer
+breaker keys hung nested accounting]
 """
 
 from __future__ import annotations
@@ -47,13 +63,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import resource
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +74,7 @@ from pathlib import Path
 
 import httpx
 from abuse_phases import PHASES
+from abuse_server import serve, usage
 
 #: Phases against one ``blendserve serve --engine replay`` process on DATA.
 _SERVED = ("slowloris", "readers", "both")
@@ -80,39 +94,6 @@ class Probes:
     failure_kinds: set[str] = field(default_factory=set)
     #: (seconds into the phase, status) of each fresh /solve
     solves: list[tuple[float, int]] = field(default_factory=list)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _server_limit() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(_SERVER_FDS, hard), hard))
-
-
-def _start(data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, int]:
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "blendserve.cli", "serve", "--engine", "replay",
-        "--data", str(data), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-    ]  # fmt: skip
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=_server_limit
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url, port
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit(f"the server did not start:\n{log.read_text()}")
-        time.sleep(0.1)
 
 
 def _probe(url: str, ids: list[str], stop: threading.Event, probes: Probes) -> None:
@@ -189,16 +170,6 @@ def _closed(sock: socket.socket) -> bool:
     return True
 
 
-def _server(pid: int) -> str:
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    rss = next(
-        int(line.split()[1])
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmRSS:")
-    )
-    return f"{fds} fds, RSS {rss / 1024:.0f} MiB"
-
-
 def _phase(
     name: str, args: argparse.Namespace, url: str, port: int, pid: int, ids: list[str]
 ) -> bool:
@@ -218,7 +189,7 @@ def _phase(
     for thread in threads:
         thread.start()
     stop.wait(args.duration)
-    during = _server(pid)
+    during = usage(pid)
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
     queued = next(
         line.split()[1]
@@ -292,17 +263,13 @@ def _served_phases(args: argparse.Namespace, phases: list[str]) -> bool:
     ]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.slowloris)), hard))
-    with tempfile.TemporaryDirectory() as tmp:
-        process, url, port = _start(args.data, Path(tmp) / "server.log")
-        try:
-            print(f"server: {_server(process.pid)} idle", flush=True)
-            ok = all([_phase(name, args, url, port, process.pid, ids) for name in phases])
-            log = (Path(tmp) / "server.log").read_text(errors="replace")
-            print(f"server log: {len(log)} bytes; its last lines:", flush=True)
-            print("\n".join(log.splitlines()[-5:]), flush=True)
-        finally:
-            process.kill()
-            process.wait(30)
+    flags = ["--engine", "replay", "--data", str(args.data)]
+    with serve(flags, fds=_SERVER_FDS) as served:
+        print(f"server: {usage(served.pid)} idle", flush=True)
+        ok = all([_phase(name, args, served.url, served.port, served.pid, ids) for name in phases])
+        log = served.log_text()
+        print(f"server log: {len(log)} bytes; its last lines:", flush=True)
+        print("\n".join(log.splitlines()[-5:]), flush=True)
     return ok
 
 

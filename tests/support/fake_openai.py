@@ -86,7 +86,8 @@ class FakeState:
     completion request ``retry_after_status``, 429 by default, with this
     ``Retry-After``; only the next ``retry_after_count`` when that is set),
     ``endless`` (a streamed answer that never ends), ``pad_bytes`` (each text
-    padded to this size).
+    padded to this size), ``nested`` (every completion body, streamed chunk
+    and ``GET /v1/models`` body is a JSON array nested this deep).
     Reasoning models: ``thoughts`` makes each sample think first, written
     in one of :data:`THOUGHT_SHAPES` (the thought is ``thought``, with
     ``answers`` its text ends in ``"so the final answer is {a}."``);
@@ -123,6 +124,7 @@ class FakeState:
     retry_after_count: int | None = None
     endless: bool = False
     pad_bytes: int = 0
+    nested: int = 0
     thoughts: str | None = None
     thought: str = THOUGHT
     cut_every: int = 0
@@ -322,6 +324,8 @@ async def _complete(
         error = {"error": {"message": "slow down"}}
         headers = {"Retry-After": state.retry_after}
         return JSONResponse(error, state.retry_after_status, headers=headers)
+    if state.nested:
+        return _nested(state.nested, streamed=bool(body.get("stream")))
     fault = state.draw_fault()
     if state.fail_next > 0 or fault == "error":
         state.fail_next = max(0, state.fail_next - 1)
@@ -352,6 +356,14 @@ async def _complete(
         return Response(json.dumps(payload), media_type="application/json")
     finally:
         state.in_flight -= 1
+
+
+def _nested(depth: int, streamed: bool = False) -> Response:
+    """A JSON array nested ``depth`` deep: a body, or one streamed chunk and the end."""
+    deep = b"[" * depth + b"]" * depth
+    if streamed:
+        return Response(b"data: " + deep + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")
+    return Response(deep, media_type="application/json")
 
 
 def completion_body(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
@@ -418,9 +430,11 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
         return await _complete(state, kill, request, chat=False)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> Response:
         state.model_requests += 1
-        return {"object": "list", "data": [{"id": state.model, "object": "model"}]}
+        if state.nested:
+            return _nested(state.nested)
+        return JSONResponse({"object": "list", "data": [{"id": state.model, "object": "model"}]})
 
     _add_tokenizer(app, state)
 
