@@ -17,7 +17,9 @@ search the least budget per question (in half samples) whose error, over
 per question, the waves of a job (mean) and its rounds per question (p50/p95:
 the distinct times its requests started). **Load** (``--load``): every job
 of a set at once on one engine (the engine full), the modelled seconds until
-the last answer, and the throughput (questions a second) against SC@32's.
+the last answer, the tokens saved per question (samples in flight cut when
+their question settled, at the run's mean length), and the throughput
+(questions a second) against SC@32's.
 **HTTP** (``--http``): the same jobs through a real ``POST /solve`` on a
 loopback server over the same engine, in real time (a wave lasts
 ``--wave-seconds``), at the budget the idle search found, against SC@32 sent
@@ -65,6 +67,7 @@ class Run:
     error: float
     samples: float  # per question
     tokens: float  # completion tokens per question
+    saved: float  # per question, tokens of samples cut in flight when their question settled
     seconds: float  # per job (idle) or per set (load), mean
     rounds: tuple[float, float]  # per question, p50 and p95
 
@@ -88,18 +91,20 @@ class _WaveEngine(StreamEngine):
         return await super().replay(request, kind)
 
 
-async def _job(records: list[Record], engine: _WaveEngine, **spec: Any) -> tuple[int, int, int]:
-    """(wrong answers, samples, completion tokens) of one job."""
+async def _job(
+    records: list[Record], engine: _WaveEngine, **spec: Any
+) -> tuple[int, int, int, int]:
+    """(wrong answers, samples, completion tokens, samples cut when settled) of one job."""
     questions = [Question(id=r.id, prompt=r.id) for r in records]
     keyer = make_keyer("exact", None)
     job = Job(JobSpec(questions=questions, **spec), engine.rendering("exact"), keyer)
-    wrong = spent = tokens = 0
+    wrong = spent = tokens = cut = 0
     async for event in job.events():
         if isinstance(event, AnswerEvent):
             wrong += event.answer != records[event.index].mode
         elif isinstance(event, DoneEvent):
-            spent, tokens = event.spent, event.usage.completion_tokens
-    return wrong, spent, tokens
+            spent, tokens, cut = event.spent, event.usage.completion_tokens, event.cut
+    return wrong, spent, tokens, cut
 
 
 def _leader(samples: list[Sample]) -> str | None:
@@ -113,7 +118,7 @@ def _leader(samples: list[Sample]) -> str | None:
     return None
 
 
-async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int, int]:
+async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int, int, int]:
     """SC@32: each question's ``n=32`` request, all at once."""
     spec = JobSpec(questions=[Question("0")], budget=1)
     view = engine.rendering("exact")
@@ -122,7 +127,7 @@ async def _sc(records: list[Record], engine: _WaveEngine) -> tuple[int, int, int
     )
     wrong = sum(_leader(s) != r.mode for r, s in zip(records, replies, strict=True))
     tokens = sum(s.completion_tokens for samples in replies for s in samples)
-    return wrong, TARGET * len(records), tokens
+    return wrong, TARGET * len(records), tokens, 0
 
 
 async def _run(
@@ -132,7 +137,7 @@ async def _run(
     b: float | None,
     seed: int,
     spec: dict[str, Any],
-) -> list[tuple[int, int, int]]:
+) -> list[tuple[int, int, int, int]]:
     """SC@32 over ``group`` (``b`` None), else one job per chunk at ``b`` a question, at once."""
     if b is None:
         return [await _sc(group, engine)]
@@ -154,7 +159,7 @@ def measure(
 ) -> Run:
     """Every job alone on a fresh engine (``together``: all at once on one), ``reps`` seeds;
     ``b`` None: SC@32."""
-    wrong = spent = tokens = 0
+    wrong = spent = tokens = saved = 0.0
     seconds: list[float] = []
     rounds: list[int] = []
     groups = [[r for job in jobs for r in job]] if together else jobs
@@ -166,11 +171,17 @@ def measure(
             wrong += sum(r[0] for r in results)
             spent += sum(r[1] for r in results)
             tokens += sum(r[2] for r in results)
+            # A cut sample would have been as long as the samples the same run completed.
+            saved += (
+                sum(r[3] for r in results)
+                * sum(r[2] for r in results)
+                / max(1, sum(r[1] for r in results))
+            )
             seconds.append(elapsed)
             rounds += [len(engine.starts.get(r.id, ())) for r in group]
     n = reps * sum(len(j) for j in jobs)
     p50, p95 = percentiles(rounds)
-    return Run(wrong / n, spent / n, tokens / n, statistics.fmean(seconds), (p50, p95))
+    return Run(wrong / n, spent / n, tokens / n, saved / n, statistics.fmean(seconds), (p50, p95))
 
 
 def over_http(
@@ -209,7 +220,7 @@ def over_http(
             spent += result["budget"]["spent"]
             tokens += result["usage"]["completion_tokens"]
     n = reps * sum(len(j) for j in jobs)
-    return Run(wrong / n, spent / n, tokens / n, statistics.fmean(waves), (0.0, 0.0))
+    return Run(wrong / n, spent / n, tokens / n, 0.0, statistics.fmean(waves), (0.0, 0.0))
 
 
 def least(
@@ -267,7 +278,7 @@ def load_rows(name: str, records: list[Record], args: argparse.Namespace) -> Non
         speedup = sc.seconds / run.seconds
         print(
             f"| {name} | {len(records)} | {capacity} | {sc.error:.4f}, {sc.seconds:.0f} "
-            f"| {_cell(b, run)}, {run.seconds:.0f} | {speedup:.1f}x |",
+            f"| {_cell(b, run)}, {run.seconds:.0f} | {run.saved:.0f} | {speedup:.1f}x |",
             flush=True,
         )
 
@@ -316,9 +327,9 @@ def main() -> None:
     if args.load:
         print(
             "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
-            "seconds | throughput vs SC@32 |"
+            "seconds | tokens saved/q | throughput vs SC@32 |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for name, records in sets(args.data, families).items():
             load_rows(name, records, args)
         return

@@ -143,6 +143,9 @@ class DoneEvent:
     error: str | None = None
     answered: int = 0
     settled: int = 0
+    #: Samples in flight cancelled (and refunded) because their question had settled:
+    #: the tokens they would have taken are saved.
+    cut: int = 0
     #: The engine error that failed the job (its type says which status a client gets).
     cause: BaseException | None = None
 

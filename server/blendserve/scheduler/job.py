@@ -26,7 +26,9 @@ free slot at once fell to about uniform allocation
 A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
 of them since its last vote) stops at once: its requests in flight are
 cancelled and refunded, and it is answered with the votes it has and
-``stopped="truncated"``.
+``stopped="truncated"``. A question that settles with samples still in flight has them cancelled and
+refunded too (``DoneEvent.cut``): they could not unsettle it, and the
+engine's time and their tokens go to the questions still open.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
@@ -143,6 +145,7 @@ class Job:
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
         self._ready = 0  # questions whose samples all came back since the last plan
+        self._num_cut = 0  # samples in flight cancelled because their question settled
 
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests.
@@ -287,6 +290,7 @@ class Job:
             cause=cause,
             answered=self._num_answered,
             settled=sum(map(self.policy.is_settled, range(self._num_questions))),
+            cut=self._num_cut,
         )
 
     async def _wind_down(self) -> None:
@@ -399,6 +403,11 @@ class Job:
             self.policy.cancel(q)  # an engine that returned too few: refund, never lose
         if state.stop_if_cut():
             self._stop(q)  # answered once its cancelled requests are refunded
+        elif self.policy.is_settled(q) and self.policy.num_pending_of[q]:
+            # Its samples still out cannot unsettle it: they stop, and their budget
+            # goes back to the questions still open.
+            self._num_cut += self.policy.num_pending_of[q]
+            self._stop(q)
         self._ready += not self.policy.num_pending_of[q]
 
     def _final_answers(

@@ -313,6 +313,39 @@ def test_a_cut_question_cancels_its_requests_in_flight_and_answers_at_once() -> 
     assert done.spent == len(engine.served) == cut.samples + split.samples == 400
 
 
+class _SureStallsAfterThree(FakeEngine):
+    """``sure`` always answers "yes"; its requests after the third never return unless cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__({"sure": [("yes", 1.0)], "split": [("a", 0.5), ("b", 0.5)]}, seed=5)
+        self.sure_requests = 0
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        if request.question_id == "sure":
+            self.sure_requests += 1
+        self.stall = request.question_id == "sure" and self.sure_requests > 3
+        return await super().generate(request)
+
+
+def test_a_question_that_settles_cancels_its_samples_in_flight_and_refunds_them() -> None:
+    engine = _SureStallsAfterThree()
+    questions = [Question("sure", "p"), Question("split", "p")]
+    # Uniform allocation sends each question 4 samples at once; "sure" settles at 3 votes.
+    spec = JobSpec(
+        questions, budget=40, policy=PolicySpec("sc"), concurrency=8, in_flight_per_question=4,
+        max_samples_per_request=1, settle_delta=0.6,
+    )  # fmt: skip
+    events = run_coroutine(_events(Job(spec, engine, last_word)))
+    sure, split = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+    # Its stalled samples could only end by being cancelled once it settled (the job
+    # would wait for them otherwise); cut samples are refunded, never spent.
+    assert sure.answer == "yes" and sure.settled_early and sure.samples == 3
+    assert engine.in_flight == 0
+    done = events[-1]
+    assert done.cut >= engine.cancelled >= 1
+    assert done.spent == len(engine.served) == 3 + split.samples
+
+
 def _ballots(*samples: Sample) -> Ballots:
     async def add() -> Ballots:
         ballots = Ballots()
