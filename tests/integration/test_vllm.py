@@ -5,7 +5,11 @@ One vLLM OpenAI server for the module (about a minute to start on 2 cores), and 
 counts and token counters against what blendserve reports.
 """
 
+import ast
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +21,7 @@ import pytest
 import yaml
 from blendserve.service import Settings, create_app
 
+from tests.integration.test_docs_examples import page_blocks, substitute
 from tests.support.command import free_port
 from tests.support.live import LiveServer
 from tests.support.vllm import (
@@ -66,6 +71,42 @@ def _solve(url: str, question: str, **body: Any) -> dict[str, Any]:
     return result
 
 
+def _readme_examples() -> list[tuple[str, str]]:
+    """The README's three examples (curl ``/solve``, the OpenAI SDK, the client): tag, text."""
+    readme = ROOT / "README.md"
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    start = lines.index("## Three examples") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("## ")) + 1
+    blocks = page_blocks(readme)
+    return [(b.tag, b.text) for b in blocks if start < b.line < end and b.tag in {"bash", "python"}]
+
+
+def _answers_readme_examples(url: str, workspace: Path) -> None:
+    """Runs the README's examples as written (the service's address aside) against ``url``;
+    checks the answers they print (the README's: 144 for 12 * 12, 42 for 6 * 7)."""
+    outputs = []
+    for i, (tag, text) in enumerate(_readme_examples()):
+        script = substitute(text, url, {})
+        if tag == "bash":
+            argv = ["bash", "-o", "pipefail", "-c", script]
+        else:
+            (workspace / f"example_{i}.py").write_text(script, encoding="utf-8")
+            argv = [sys.executable, f"example_{i}.py"]
+        done = subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{text}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+        outputs.append(done.stdout)
+    solved, sdk, client = outputs
+    result = json.loads(solved)
+    assert result["status"] == "completed" and result["budget"]["spent"] <= 8
+    assert [a["answer"] for a in result["answers"]] == ["7", "144"], result["answers"]
+    assert ast.literal_eval(sdk.splitlines()[1])["answer"] == "144", sdk
+    assert client.splitlines()[0].startswith("42 "), client
+
+
+def test_readme_examples_through_vllm_upstream(service: str, tmp_path: Path) -> None:
+    _answers_readme_examples(service, tmp_path)
+
+
 def _leave(url: str, seconds: float) -> None:
     """A /v1 request of n=4 long samples whose client leaves after ``seconds``."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "n": 4,
@@ -102,6 +143,7 @@ def test_health_and_models(service: str, upstream: str) -> None:
     health = httpx.get(f"{service}/health", timeout=10)
     assert health.status_code == 200
     assert health.json()["engine"] == "openai" and health.json()["upstreams"] == {upstream: True}
+    assert health.json()["capacity"] == 32  # --engine-capacity
     models = httpx.get(f"{service}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == [MODEL]
 
@@ -175,11 +217,13 @@ def test_in_process_engine_serves_cancels_and_shuts_down(tmp_path: Path) -> None
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     command = [str(python), "-m", "blendserve.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(port), "--engine", "vllm", "--vllm-model", str(MODEL_DIR)]  # fmt: skip
+               "--port", str(port), "--engine", "vllm", "--vllm-model", str(MODEL_DIR),
+               "--model", MODEL]  # fmt: skip
     with start(command, log, f"{url}/health") as process:
         health = httpx.get(f"{url}/health", timeout=10).json()
-        assert health["engine"] == "vllm"
+        assert health["engine"] == "vllm" and health["capacity"] == 256  # vLLM's max_num_seqs
         (model,) = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+        assert model == MODEL  # --model: the name the README's examples ask for
         result = _solve(url, QUESTION, budget=4, concurrency=4,
                         sampling={"temperature": 0.7, "max_tokens": 40})  # fmt: skip
         assert result["status"] == "completed" and result["budget"]["spent"] == 4
@@ -188,6 +232,7 @@ def test_in_process_engine_serves_cancels_and_shuts_down(tmp_path: Path) -> None
                 "max_tokens": 40, "temperature": 0.7}  # fmt: skip
         reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
         assert reply.status_code == 200, reply.text
+        _answers_readme_examples(url, tmp_path)
         # A client that leaves: its samples are aborted in vLLM, and come back at once.
         body = {"model": model, "messages": [{"role": "user", "content": LONG}], "n": 4,
                 "max_tokens": 1500, "temperature": 0.8}  # fmt: skip

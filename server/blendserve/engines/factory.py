@@ -28,7 +28,8 @@ class EngineConfig:
     Attributes:
         kind: the engine, or ``auto``.
         upstreams: OpenAI-compatible base URLs (data-parallel replicas).
-        model: model name sent upstream (None: the upstream's own).
+        model: model name sent upstream (None: the upstream's own); for vLLM in-process,
+            the name it is served under (None: ``vllm_model``).
         api_key: bearer key for the upstreams.
         timeouts: the upstreams' timeouts; ``call`` also bounds the embedded
             default's requests. A ``stall`` timeout streams upstream requests
@@ -128,7 +129,8 @@ async def _build(config: EngineConfig, sink: Stats) -> Engine:
             raise ValueError("the vllm engine needs --vllm-model NAME")
         from blendserve.engines.vllm_inprocess import VLLMEngine
 
-        return VLLMEngine({"model": config.vllm_model, **config.vllm_args}, sink=sink)
+        engine_args = {"model": config.vllm_model, **config.vllm_args}
+        return VLLMEngine(engine_args, name=config.model, sink=sink)
     from blendserve.engines.embedded import create_embedded_engine
 
     return await create_embedded_engine(

@@ -39,6 +39,7 @@ class VLLMEngine(Engine):
 
     Args:
         engine_args: ``AsyncEngineArgs`` fields, at least ``model``.
+        name: the model name it is served under (None: ``model``, as given).
         sink: the stats sink of jobs and pools built on it (vLLM keeps its own stats).
 
     Raises:
@@ -47,12 +48,14 @@ class VLLMEngine(Engine):
 
     name = "vllm"
 
-    def __init__(self, engine_args: Mapping[str, Any], *, sink: Stats = NO_STATS) -> None:
+    def __init__(
+        self, engine_args: Mapping[str, Any], *, name: str | None = None, sink: Stats = NO_STATS
+    ) -> None:
         self.sink = sink
         vllm, engine_args_cls, output_kind, async_llm = _vllm()
         self._vllm = vllm
         self._final_only = output_kind.FINAL_ONLY
-        self.model = str(engine_args["model"])
+        self.model = name or str(engine_args["model"])
         self._engine = async_llm.from_engine_args(engine_args_cls(**engine_args))
         self._tokenizer: Any = None
         # vLLM's --max-num-seqs: what jobs may fill (the service's own load is all of it).

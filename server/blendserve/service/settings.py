@@ -41,7 +41,9 @@ class Settings(BaseSettings):
         (), description="OpenAI-compatible base URLs (repeat, or a comma-separated list)"
     )
     model: str | None = Field(
-        None, description="model name sent upstream (unset: the upstream's own)"
+        None,
+        description="model name sent upstream (unset: the upstream's own); with --vllm-model, "
+        "the name it is served under (unset: as given)",
     )
     upstream_api_key: str | None = Field(None, description="bearer key sent to the upstreams")
     upstream_timeout: float = Field(600.0, gt=0, description="seconds an upstream request may take")
