@@ -267,9 +267,8 @@ def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         )
 
 
-def load_rows(name: str, records: list[Record], args: argparse.Namespace) -> None:
+def load_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
     """One row per capacity: every job of the set at once, the engine full."""
-    size = args.sizes[0]
     jobs = [records[i : i + size] for i in range(0, len(records), size)]
     for capacity in args.capacity:
         options = {"per_token": args.per_token, "together": True}
@@ -299,6 +298,26 @@ def http_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         )
 
 
+#: Each table's header and rows.
+TABLES = {
+    "idle": (
+        "| set | Q | C | SC@32: tokens/q, error, waves | default: samples/q, tokens/q, error, "
+        "waves, rounds p50/p95 | sample by sample: samples/q, tokens/q, error, waves |",
+        idle_rows,
+    ),
+    "load": (
+        "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
+        "seconds | tokens saved/q | throughput vs SC@32 |",
+        load_rows,
+    ),
+    "http": (
+        "| set | Q | C | SC@32: error, waves | budget/q | default: samples/q, tokens/q, "
+        "error, waves |",
+        http_rows,
+    ),
+}
+
+
 def main() -> None:
     """Prints the idle table (or with ``--load`` the load table, with ``--http`` the HTTP one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -314,33 +333,13 @@ def main() -> None:
     parser.add_argument("--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a wave")
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
-    if args.http:
-        print(
-            "| set | Q | C | SC@32: error, waves | budget/q | default: samples/q, tokens/q, "
-            "error, waves |"
-        )
-        print("|---|---|---|---|---|---|")
-        for name, records in sets(args.data, families).items():
-            for size in args.sizes:
-                http_rows(name, records, size, args)
-        return
-    if args.load:
-        print(
-            "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
-            "seconds | tokens saved/q | throughput vs SC@32 |"
-        )
-        print("|---|---|---|---|---|---|---|")
-        for name, records in sets(args.data, families).items():
-            load_rows(name, records, args)
-        return
-    print(
-        "| set | Q | C | SC@32: tokens/q, error, waves | default: samples/q, tokens/q, error, "
-        "waves, rounds p50/p95 | sample by sample: samples/q, tokens/q, error, waves |"
-    )
-    print("|---|---|---|---|---|---|")
+    header, rows = TABLES["http" if args.http else "load" if args.load else "idle"]
+    columns = header.count("|") - 1
+    print(header)
+    print("|---" * columns + "|")
     for name, records in sets(args.data, families).items():
         for size in args.sizes:
-            idle_rows(name, records, size, args)
+            rows(name, records, size, args)
 
 
 if __name__ == "__main__":

@@ -248,9 +248,10 @@ class Job:
 
     async def _returned(
         self, failures: FailureStreak, backoff: float
-    ) -> set[asyncio.Task[list[Sample]]]:
-        """Requests that came back, waited for until the backoff ends or the failure streak's
-        deadline passes (the job then gives up: its requests are cancelled, and refunded)."""
+    ) -> list[asyncio.Task[list[Sample]]]:
+        """Requests that came back, in the order they were sent (a set's order would differ from
+        run to run), waited for until the backoff ends or the failure streak's deadline passes
+        (the job then gives up: its requests are cancelled, and refunded)."""
         now = asyncio.get_running_loop().time
         waits = [backoff] if backoff > 0 else []
         deadline = failures.deadline()
@@ -264,7 +265,7 @@ class Job:
         if not done and failures.expired(now()):
             for task in self._in_flight:
                 task.cancel()
-        return done
+        return [task for task in self._in_flight if task in done]
 
     def _refund(self, q: int, n: int) -> None:
         for _ in range(n):

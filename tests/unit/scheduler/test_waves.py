@@ -122,3 +122,19 @@ def test_a_large_job_plans_again_once_a_share_of_its_questions_came_back() -> No
     assert isinstance(events[-1], DoneEvent) and events[-1].spent > 400
     # About 16 plans a round (and each question's last), not one a completion (907 here).
     assert engine.stats.requests > 800 and len(plans) <= 200
+
+
+def test_a_job_makes_the_same_choices_every_run() -> None:
+    """Requests that come back together are taken in the order they were sent: the choices
+    (and so every benchmark on the virtual clock) do not depend on where tasks sit in memory."""
+    records = _records(64, seed=3)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+
+    def samples_per_question() -> list[int]:
+        engine = WaveEngine(records, capacity=8, seed=1)
+        events, _ = _run(Job(JobSpec(questions, budget=64 * 6, seed=1), engine, last_word))
+        answers = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
+        return [e.samples for e in answers]
+
+    first = samples_per_question()
+    assert all(samples_per_question() == first for _ in range(5))
