@@ -144,7 +144,6 @@ class Job:
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
-        self._ready = 0  # questions whose samples all came back since the last plan
         self._num_cut = 0  # samples in flight cancelled because their question settled
 
     def abandon(self, q: int) -> None:
@@ -331,10 +330,10 @@ class Job:
         if self._plan is not None:
             free = self.engine.load().free
             if free > limit - policy.num_pending:
-                # A plan looks at every open question: made again once a sixteenth of them
-                # (or all in flight) came back, not at every completion of a large job.
-                if not policy.num_pending or self._ready >= policy.num_open // 16:
-                    self._ready = 0
+                # A wave is planned once the last one is back: a plan made on the part
+                # that came back first (on a real engine, the shortest samples) stops
+                # questions on too few votes.
+                if not policy.num_pending:
                     self._send(self._dispatch_waves(self._plan, free), in_flight)
                 return
         sizes: dict[int, int] = {}
@@ -409,7 +408,6 @@ class Job:
             # goes back to the questions still open.
             self._num_cut += self.policy.num_pending_of[q]
             self._stop(q)
-        self._ready += not self.policy.num_pending_of[q]
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False
