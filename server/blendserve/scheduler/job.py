@@ -26,9 +26,10 @@ free slot at once fell to about uniform allocation
 A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
 of them since its last vote) stops at once: its requests in flight are
 cancelled and refunded, and it is answered with the votes it has and
-``stopped="truncated"``. A question that settles with samples still in flight has them cancelled and
-refunded too (``DoneEvent.cut``): they could not unsettle it, and the
-engine's time and their tokens go to the questions still open.
+``stopped="truncated"``. A question that settles with samples still in flight
+has them cancelled and refunded too (``DoneEvent.cut``): they could not
+unsettle it, and the engine's time and their tokens go to the questions
+still open.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
