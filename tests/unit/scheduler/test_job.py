@@ -1,5 +1,6 @@
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -270,22 +271,25 @@ def test_a_question_whose_samples_keep_being_cut_stops_and_leaves_its_budget_uns
     assert done.spent == done.usage.samples == cut.samples + fine.samples < done.budget
 
 
-class _FirstCutRequestStalls(FakeEngine):
-    """Every sample of ``cut`` is cut at max_tokens, and its first request never returns."""
+class _Stalling(FakeEngine):
+    """``question`` against ``split``; its requests numbered as ``stalls`` says never return
+    unless cancelled."""
 
-    def __init__(self) -> None:
-        super().__init__({"cut": [("cut", 1.0)], "split": [("a", 0.5), ("b", 0.5)]}, seed=5)
-        self.cut_requests = 0
+    def __init__(self, question: str, stalls: Callable[[int], bool]) -> None:
+        super().__init__({question: [(question, 1.0)], "split": [("a", 0.5), ("b", 0.5)]}, seed=5)
+        self._question = question
+        self._stalls = stalls
+        self._asked = 0
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        if request.question_id == "cut":
-            self.cut_requests += 1
-        self.stall = request.question_id == "cut" and self.cut_requests == 1
+        if request.question_id == self._question:
+            self._asked += 1
+        self.stall = request.question_id == self._question and self._stalls(self._asked)
         return await super().generate(request)
 
 
 def test_a_cut_question_cancels_its_requests_in_flight_and_answers_at_once() -> None:
-    engine = _FirstCutRequestStalls()
+    engine = _Stalling("cut", lambda n: n == 1)  # every "cut" sample is cut at max_tokens
     questions = [Question("cut", "p"), Question("split", "p")]
     spec = JobSpec(
         questions, budget=400, concurrency=8, in_flight_per_question=4, max_samples_per_request=1
@@ -313,22 +317,8 @@ def test_a_cut_question_cancels_its_requests_in_flight_and_answers_at_once() -> 
     assert done.spent == len(engine.served) == cut.samples + split.samples == 400
 
 
-class _SureStallsAfterThree(FakeEngine):
-    """``sure`` always answers "yes"; its requests after the third never return unless cancelled."""
-
-    def __init__(self) -> None:
-        super().__init__({"sure": [("yes", 1.0)], "split": [("a", 0.5), ("b", 0.5)]}, seed=5)
-        self.sure_requests = 0
-
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
-        if request.question_id == "sure":
-            self.sure_requests += 1
-        self.stall = request.question_id == "sure" and self.sure_requests > 3
-        return await super().generate(request)
-
-
 def test_a_question_that_settles_cancels_its_samples_in_flight_and_refunds_them() -> None:
-    engine = _SureStallsAfterThree()
+    engine = _Stalling("sure", lambda n: n > 3)
     questions = [Question("sure", "p"), Question("split", "p")]
     # Uniform allocation sends each question 4 samples at once; "sure" settles at 3 votes.
     spec = JobSpec(
@@ -339,7 +329,7 @@ def test_a_question_that_settles_cancels_its_samples_in_flight_and_refunds_them(
     sure, split = sorted((e for e in events if isinstance(e, AnswerEvent)), key=lambda e: e.index)
     # Its stalled samples could only end by being cancelled once it settled (the job
     # would wait for them otherwise); cut samples are refunded, never spent.
-    assert sure.answer == "yes" and sure.settled_early and sure.samples == 3
+    assert sure.answer == "sure" and sure.settled_early and sure.samples == 3
     assert engine.in_flight == 0
     done = events[-1]
     assert done.cut >= engine.cancelled >= 1
