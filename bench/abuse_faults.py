@@ -32,7 +32,6 @@ import asyncio
 import json
 import math
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -43,17 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from abuse_server import rss_kib, serve
+from blendserve.engines.config import Health
+from blendserve.scheduler.failures import backoff_s
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
-
-from abuse_server import rss_kib, serve  # noqa: E402
-from blendserve.engines.config import Health  # noqa: E402
-from blendserve.scheduler.failures import backoff_s  # noqa: E402
-
-from tests.support.abuse import drop_jobs, gauge  # noqa: E402
-from tests.support.accounting import Accounting, settle_accounting  # noqa: E402
-from tests.support.fake_openai import FakeServer, FakeState  # noqa: E402
+from tests.support.abuse import drop_jobs, gauge
+from tests.support.accounting import Accounting, settle_accounting
+from tests.support.fake_openai import FakeServer, FakeState
 
 __all__ = ["FAULT_PHASES"]
 

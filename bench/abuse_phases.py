@@ -20,25 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 from abuse_faults import FAULT_PHASES
+from blendserve.engines.base import Engine
+from blendserve.engines.config import Limits
+from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.replay import ReplayEngine
+from blendserve.service import Settings, create_app
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
-
-from blendserve.engines.base import Engine  # noqa: E402
-from blendserve.engines.config import Limits  # noqa: E402
-from blendserve.engines.openai import OpenAIEngine  # noqa: E402
-from blendserve.engines.replay import ReplayEngine  # noqa: E402
-from blendserve.service import Settings, create_app  # noqa: E402
-
-from tests.support.abuse import (  # noqa: E402
+from tests.support.abuse import (
     CHAT,
     FLOOD_RECORDS,
     Unlisted,
@@ -48,8 +42,8 @@ from tests.support.abuse import (  # noqa: E402
     plain_requests,
     series,
 )
-from tests.support.fake_openai import FakeServer, FakeState  # noqa: E402
-from tests.support.live import LiveServer, serve_engine  # noqa: E402
+from tests.support.fake_openai import FakeServer, FakeState
+from tests.support.live import LiveServer, serve_engine
 
 __all__ = ["PHASES"]
 

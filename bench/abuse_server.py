@@ -3,7 +3,8 @@
 :func:`serve` starts the real command with the flags given (an upstream, the
 replay engine's data, timeouts), waits until ``/health`` answers and stops it
 at the end; :func:`usage` and :func:`rss_kib` read the process's descriptors
-and memory from ``/proc``.
+and memory from ``/proc``. Importing it puts the checkout on ``sys.path``, for
+the benchmarks' fakes of ``tests/support``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
+
+from tests.support.command import free_port  # noqa: E402
 
 __all__ = ["Served", "rss_kib", "serve", "usage"]
 
@@ -44,12 +49,6 @@ class Served:
         return self.log.read_text(errors="replace")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _fd_limit(fds: int) -> Callable[[], None]:
     def limit() -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -69,7 +68,7 @@ def serve(
         fds: the soft limit of open descriptors it starts with (None: this process's).
         timeout: seconds it gets to answer ``/health`` (any status: a 503 says it serves).
     """
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "blendserve.cli", "serve", *flags,
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
