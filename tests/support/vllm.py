@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import free_port
 from tests.support.tools import missing
@@ -110,9 +110,13 @@ def vllm_server(log: Path) -> Iterator[str]:
 
 
 def gauge(text: str, name: str) -> float:
-    """The sum of Prometheus metric ``name`` over its label sets, in exposition ``text``."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
-    return sum(float(value) for value in pattern.findall(text))
+    """The sum of Prometheus sample ``name`` over its label sets, in exposition ``text``."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
 
 
 def vllm_metric(base_url: str, name: str) -> float:
