@@ -14,9 +14,10 @@ from typing import Any
 from blendserve.core.flatness import Flatness
 from blendserve.core.options import Option, parse_spec
 from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
+from blendserve.core.vote_prior import VotePrior, start_log_price
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 
-__all__ = ["MIN_TARGET", "OnlineRule"]
+__all__ = ["MIN_TARGET", "PLANS", "OnlineRule"]
 
 #: A quality target nearer certainty than this is held at it (the rule's floor).
 MIN_TARGET = 1e-12
@@ -30,9 +31,22 @@ def _score(text: str) -> str:
     return text
 
 
+#: How a bounded number of waves is sized: a programme over the stream's learned
+#: prior (:class:`~blendserve.core.vote_prior.VotePrior`), or by the expected ASC
+#: uncertainty (:class:`~blendserve.core.waves.WavePlan`).
+PLANS = ("bayes", "asc")
+
+
+def _plan(text: str) -> str:
+    if text not in PLANS:
+        raise ValueError(f"plan must be one of {', '.join(PLANS)}")
+    return text
+
+
 _NUMBER = r"[0-9]+(\.[0-9]+)?"
 _OPTIONS = {
     "score": Option(_score, "(" + "|".join(SCORES) + ")"),
+    "plan": Option(_plan, "(" + "|".join(PLANS) + ")"),
     **{key: Option(float, _NUMBER) for key in ("cap", "target", "growth", "extra", "first")},
     "rounds": Option(int, "[0-9]+"),
 }
@@ -52,6 +66,8 @@ class OnlineRule:
             (None: learned from the flatness of the finished questions).
         rounds: waves per question at most (0: no bound; see
             :class:`~blendserve.core.stopping.StoppingRule`).
+        plan: how bounded waves are sized (one of :data:`PLANS`; ``bayes``
+            needs the stream's prior, and an ``asc`` score paced to a budget).
     """
 
     score: Score = "asc"
@@ -61,6 +77,7 @@ class OnlineRule:
     extra: float = 48.0
     first: float | None = None
     rounds: int = DEFAULT_MAX_ROUNDS
+    plan: str = "bayes"
 
     def __post_init__(self) -> None:
         if not (self.growth >= 0 and self.extra >= 0 and (self.first or 0.0) >= 0):
@@ -95,12 +112,24 @@ class OnlineRule:
             return PacedThreshold(None, log_tau=math.log(max(self.target, MIN_TARGET)))
         if budget_per_question is None:
             raise ValueError("online stopping needs a budget per question or a target")
-        return PacedThreshold(max(1.0, budget_per_question))
+        budget = max(1.0, budget_per_question)
+        if self.planned:
+            return PacedThreshold(budget, log_tau=start_log_price(budget, self.rounds))
+        return PacedThreshold(budget)
+
+    @property
+    def planned(self) -> bool:
+        """Whether a stream's prior sizes the waves (and ``tau`` is the price of a vote)."""
+        return self.plan == "bayes" and self.rounds > 0 and self.score == "asc"
 
     def stopping(
-        self, budget_per_question: float, flatness: Flatness | None = None
+        self,
+        budget_per_question: float,
+        flatness: Flatness | None = None,
+        prior: VotePrior | None = None,
     ) -> StoppingRule:
-        """A question's rule for a mean budget; its first wave and cap follow ``flatness``."""
+        """A question's rule for a mean budget; its first wave and cap follow ``flatness``,
+        its waves ``prior`` where the plan is ``bayes`` and the rule is paced."""
         if self.first is not None:
             share = self.first
         else:
@@ -113,4 +142,5 @@ class OnlineRule:
             min_growth=self.growth,
             first_share=share,
             max_rounds=self.rounds,
+            prior=prior if self.planned and self.target is None else None,
         )

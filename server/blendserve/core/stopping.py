@@ -17,10 +17,11 @@ Only the first wave is larger, a share of the budget (:meth:`StoppingRule.for_bu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
+from blendserve.core.vote_prior import VotePrior
 from blendserve.core.waves import WavePlan
 
 __all__ = [
@@ -74,6 +75,9 @@ class StoppingRule:
         max_rounds: waves per question at most (0: no bound); later waves are
             then sized by :class:`~blendserve.core.waves.WavePlan` from what the
             question is expected to need, and its last wave takes all of it.
+        prior: with ``max_rounds``, the stream's learned
+            :class:`~blendserve.core.vote_prior.VotePrior` sizes every wave
+            instead, and ``tau`` is the price of a vote it is paced by.
     """
 
     score: Score = "asc"
@@ -81,6 +85,7 @@ class StoppingRule:
     min_growth: float = 0.0
     min_first: int = 0
     max_rounds: int = 0
+    prior: VotePrior | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -105,6 +110,7 @@ class StoppingRule:
         min_growth: float = 0.0,
         first_share: float = 0.5,
         max_rounds: int = 0,
+        prior: VotePrior | None = None,
     ) -> StoppingRule:
         """The rule for a mean budget: capped at ``cap`` times it, and ``max_extra`` beyond it.
 
@@ -118,7 +124,7 @@ class StoppingRule:
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
         cap_samples = max(1, round(limit))
         min_first = min(cap_samples, math.floor(first_share * budget_per_question))
-        return cls(score, cap_samples, min_growth, max(0, min_first), max_rounds)
+        return cls(score, cap_samples, min_growth, max(0, min_first), max_rounds, prior)
 
     def log_uncertainty(self, n1: int, n2: int, num_distinct: int) -> float:
         """Log of the rule's uncertainty of vote state ``(n1, n2, K)``; larger is less sure."""
@@ -132,7 +138,15 @@ class StoppingRule:
         """Whether a question with these votes and samples stops at ``log tau``."""
         if num_samples >= self.max_num_samples:
             return True
+        if self._planned:
+            assert self.prior is not None
+            return n1 > 0 and self.prior.settled(n1, n2, log_tau)
         return n1 > 0 and self.log_uncertainty(n1, n2, num_distinct) <= log_tau
+
+    @property
+    def _planned(self) -> bool:
+        """Whether the learned prior sizes the waves."""
+        return self.prior is not None and self.max_rounds > 0 and self.score == "asc"
 
     def samples_to_stop(
         self, n1: int, n2: int, num_distinct: int, num_samples: int, log_tau: float
@@ -171,10 +185,14 @@ class StoppingRule:
         """
         if self.max_rounds and rounds >= self.max_rounds:
             return 0
+        left = self.max_num_samples - num_samples
+        if self._planned:
+            assert self.prior is not None
+            rounds_left = self.max_rounds - rounds
+            return max(0, min(left, self.prior.wave(n1, n2, num_samples, log_tau, rounds_left)))
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0
-        left = self.max_num_samples - num_samples
         grown = math.ceil(self.min_growth * num_samples) if num_samples else self.min_first
         if self.max_rounds and num_samples and self.score == "asc":
             plan = WavePlan(max_rounds=self.max_rounds)

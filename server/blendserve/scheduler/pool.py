@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.online_rule import OnlineRule
 from blendserve.core.stopping import DEFAULT_CAP, PacedThreshold, Score, StoppingRule
+from blendserve.core.vote_prior import VotePrior
 from blendserve.core.votes import VoteState
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, Sample, SamplingParams
@@ -94,11 +95,14 @@ class PoolSpec:
             score=self.score, cap=self.cap, target=self.target, rounds=self.max_rounds
         )
 
-    def rule(self, flatness: Flatness | None = None) -> StoppingRule:
-        """The stopping rule of a question; its first wave and cap follow ``flatness``."""
+    def rule(
+        self, flatness: Flatness | None = None, prior: VotePrior | None = None
+    ) -> StoppingRule:
+        """The stopping rule of a question; its first wave and cap follow ``flatness``,
+        its waves ``prior``."""
         if self.budget_per_question is None:
             return StoppingRule(self.score, self.max_cap, max_rounds=self.max_rounds)
-        return self.online.stopping(self.budget_per_question, flatness)
+        return self.online.stopping(self.budget_per_question, flatness, prior)
 
     def threshold(self) -> PacedThreshold:
         """A fresh pacing controller (or fixed threshold) for the pool."""
@@ -115,12 +119,15 @@ class ClientPacing:
             budget its next first wave gets, and its cap.
         keyer: keys the client's answers (its own turns at the sympy workers).
         num_open: the client's questions open now.
+        prior: how contested the client's finished questions were: the waves
+            of its next questions.
     """
 
     threshold: PacedThreshold
     flatness: Flatness
     keyer: Keyer
     num_open: int = 0
+    prior: VotePrior = field(default_factory=VotePrior)
 
     @property
     def tau(self) -> float:
@@ -231,7 +238,9 @@ class Pool:
         return self._rule(self.pacing(client))
 
     def _rule(self, pacing: ClientPacing) -> StoppingRule:
-        return self.spec.rule(pacing.flatness if pacing.threshold.paced else None)
+        if not pacing.threshold.paced:
+            return self.spec.rule()
+        return self.spec.rule(pacing.flatness, pacing.prior)
 
     @property
     def mean_samples(self) -> float:
@@ -317,6 +326,7 @@ class Pool:
             event = self._answer(state, partial=False, capped=not confident)
             threshold.observe(event.samples)
             pacing.flatness.observe(tuple(state.first_keys))
+            pacing.prior.observe(*state.votes.state(0)[:2], state.votes.num_samples[0])
             self.num_rounds += state.rounds
             self.num_questions += 1
             self.num_samples += event.samples

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.online_rule import OnlineRule
+from blendserve.core.vote_prior import VotePrior
 from blendserve.core.votes import VoteState
 from blendserve.sim.data import Dataset
 from blendserve.sim.runner import AnswerDraws
@@ -62,6 +63,7 @@ def run_online(
     """
     pace = rule.threshold(budget_per_question)
     flatness = Flatness()
+    prior = VotePrior()
     draws = AnswerDraws(dataset, seed)
     order = np.random.default_rng((seed, 1)).permutation(dataset.num_questions)
     votes = VoteState(dataset.num_questions)
@@ -71,7 +73,7 @@ def run_online(
     num_wrong = 0
     for i, q in enumerate(order.tolist()):
         log_taus[i] = pace.log_tau
-        question_rule = rule.stopping(budget_per_question, flatness)
+        question_rule = rule.stopping(budget_per_question, flatness, prior)
         keys: list[int] = []
         while m := question_rule.wave_size(
             *votes.state(q), votes.num_samples[q], pace.log_tau, int(rounds[i])
@@ -86,5 +88,6 @@ def run_online(
         pace.close(votes.num_samples[q])
         pace.observe(votes.num_samples[q])
         flatness.observe(tuple(keys[:PROBE]))
+        prior.observe(*votes.state(q)[:2], votes.num_samples[q])
         num_wrong += votes.answer(q) != 0
     return OnlineRun(num_wrong, samples, rounds, log_taus)

@@ -6,6 +6,7 @@ import random
 import pytest
 from blendserve.core.stopping import PacedThreshold, StoppingRule, start_log_tau
 from blendserve.core.uncertainty import asc_log_uncertainty
+from blendserve.core.vote_prior import VotePrior
 from blendserve.core.votes import VoteState
 
 
@@ -152,3 +153,12 @@ def test_the_start_threshold_falls_with_the_budget() -> None:
 def test_bad_settings_are_refused(make: object) -> None:
     with pytest.raises(ValueError):
         make()  # type: ignore[operator]
+
+
+def test_a_learned_prior_sizes_the_waves_within_the_cap_and_the_rounds() -> None:
+    rule = StoppingRule("asc", max_num_samples=12, max_rounds=2, prior=VotePrior())
+    log_price = -9.0  # cheap votes: the programme would buy more than the cap leaves
+    assert 0 < rule.wave_size(0, 0, 0, 0, log_price) <= 12
+    assert rule.wave_size(3, 3, 2, 9, log_price, rounds=1) == 3  # what the cap leaves
+    assert rule.wave_size(3, 3, 2, 6, log_price, rounds=2) == 0  # no round left
+    assert not rule.is_done(3, 3, 2, 6, log_price) and rule.is_done(12, 0, 1, 12, -2.0)

@@ -32,7 +32,29 @@ def test_same_seed_same_run() -> None:
     assert a.num_wrong == b.num_wrong and (a.samples == b.samples).all()
 
 
-@pytest.mark.parametrize("text", ["online:score=x", "online:cap=0.5", "online:target=2", "asc"])
+def test_waves_learned_from_the_stream_err_less_than_waves_sized_by_asc_on_flat_answers() -> None:
+    dataset = synthetic("flat", 600, seed=7)
+    learned, by_asc = (
+        [run_online(dataset, OnlineRule.parse(spec), 20.0, seed) for seed in range(3)]
+        for spec in ("online", "online:plan=asc")
+    )
+    for runs in (learned, by_asc):
+        assert all(np.percentile(r.rounds, 95) <= 4 for r in runs)
+        assert np.mean([r.samples.mean() for r in runs]) == pytest.approx(20.0, rel=0.05)
+    assert sum(r.num_wrong for r in learned) < sum(r.num_wrong for r in by_asc)
+
+
+def test_only_a_paced_bounded_asc_rule_is_planned_by_the_prior() -> None:
+    assert OnlineRule().planned
+    assert not any(
+        OnlineRule.parse(spec).planned
+        for spec in ("online:plan=asc", "online:rounds=0", "online:score=ppr")
+    )
+
+
+@pytest.mark.parametrize(
+    "text", ["online:score=x", "online:cap=0.5", "online:target=2", "online:plan=x", "asc"]
+)
 def test_bad_specs_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         OnlineRule.parse(text)
