@@ -116,7 +116,8 @@ REQUEST_DURATION = Histogram(
 # service/openai/pool_labels.py), removed once no pool has it.
 ONLINE_TAU = Gauge(
     f"{_PREFIX}_online_tau",
-    "Uncertainty threshold at which a pool's questions stop now.",
+    "A pool's paced threshold now: the price of a vote where its waves are planned, "
+    "else the uncertainty at which its questions stop.",
     ["pool"],
     multiprocess_mode="liveall",
 )

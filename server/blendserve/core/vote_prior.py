@@ -52,6 +52,12 @@ _MIN_LOG_PRICE = -16.0
 _MAX_LOG_PRICE = 0.0
 # More rounds left than this are planned as this many.
 _MAX_ROUNDS = 8
+# Price buckets whose tables a programme keeps, and programmes kept in memory
+# (each a few MB; streams whose priors are alike share one).
+_MAX_TABLES = 16
+_MAX_PROGRAMMES = 16
+# Grid weights are rounded to this many decimals to name a programme.
+_DECIMALS = 4
 
 
 @lru_cache(maxsize=len(_SIZES))
@@ -62,17 +68,102 @@ def _pmf(w: int) -> NDArray[np.float64]:
 
 @dataclass
 class _Tables:
-    """The programme at one price: its waves for 0, 1, ... rounds left, and for the most
-    rounds so far, each state's expected value and expected further votes."""
+    """The programme at one price: for 0, 1, ... rounds left, each state's wave and its
+    expected further votes; for the most rounds so far, each state's expected value."""
 
     log_price: float
     value: NDArray[np.float64]
-    waves: list[NDArray[np.int64]] = field(default_factory=list)
-    spend: NDArray[np.float64] = field(init=False)
+    waves: list[NDArray[np.uint8]] = field(default_factory=list)
+    spends: list[NDArray[np.float64]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.waves.append(np.zeros(self.value.shape, dtype=np.int64))
-        self.spend = np.zeros(self.value.shape)
+        self.waves.append(np.zeros(self.value.shape, dtype=np.uint8))
+        self.spends.append(np.zeros(self.value.shape))
+
+
+class _Programme:
+    """The dynamic programme of one prior: posterior error, predictives, tables per price."""
+
+    def __init__(self, weights: NDArray[np.float64], max_votes: int) -> None:
+        self.max_votes = max_votes
+        size = max_votes + 1
+        n = np.arange(size, dtype=np.float64)
+        a, b = n[None, :, None], n[None, None, :]
+        x = _GRID[:, None, None]
+        log_w = np.log(weights)[:, None, None]
+        first = log_w + a * np.log(x) + b * np.log1p(-x)  # the first answer is the mode
+        second = log_w + b * np.log(x) + a * np.log1p(-x)
+        top = np.maximum(first.max(axis=0), second.max(axis=0))[None]
+        first, second = np.exp(first - top), np.exp(second - top)
+        total = first.sum(axis=0) + second.sum(axis=0)
+        first, second = first / total, second / total
+        first_is_mode = first.sum(axis=0)
+        self.error = np.minimum(first_is_mode, 1.0 - first_is_mode)
+        # predictive[w][j, a, b]: the chance at (a, b) that j of w more votes go to the
+        # first answer, a mixture of binomials over the posterior (when the second
+        # answer is the mode, the first one's votes are its w - j).
+        self.sizes = [w for w in _SIZES if w <= max_votes]
+        self._predictive: dict[int, NDArray[np.float32]] = {}
+        for w in self.sizes:
+            m = size - w
+            pmf = _pmf(w)
+            head = first[:, :m, :m].reshape(len(_GRID), m * m)
+            tail = second[:, :m, :m].reshape(len(_GRID), m * m)
+            mixture = (pmf @ head + pmf[::-1] @ tail).reshape(w + 1, m, m)
+            self._predictive[w] = mixture.astype(np.float32)
+        self._tables: OrderedDict[int, _Tables] = OrderedDict()
+
+    def _expect(self, table: NDArray[np.float64], w: int) -> NDArray[np.float64]:
+        """``table`` expected after ``w`` more top-two votes, at every state that has room."""
+        m = self.max_votes + 1 - w
+        step0, step1 = table.strides
+        # diagonals[j, a, b] = table[a + j, b + w - j]: j of the w votes for the first answer.
+        diagonals = np.lib.stride_tricks.as_strided(
+            table.ravel()[w:], shape=(w + 1, m, m), strides=(step0 - step1, step0, step1)
+        )
+        expected = np.einsum("jab,jab->ab", self._predictive[w], diagonals, dtype=np.float64)
+        return np.asarray(expected, np.float64)
+
+    def _extend(self, tables: _Tables, rounds: int) -> None:
+        """Adds rounds to ``tables`` until it covers ``rounds`` rounds left."""
+        size = self.max_votes + 1
+        price = math.exp(tables.log_price)
+        votes = np.add.outer(np.arange(size), np.arange(size))
+        while len(tables.waves) <= rounds:
+            best = self.error.copy()
+            spend = np.zeros((size, size))
+            choice = np.zeros((size, size), dtype=np.uint8)
+            for w in self.sizes:
+                m = size - w
+                expected = self._expect(tables.value, w)
+                further = self._expect(tables.spends[-1], w)
+                cost = price * w + expected
+                cost[votes[:m, :m] + w > self.max_votes] = np.inf
+                cheaper = cost < best[:m, :m]
+                best[:m, :m][cheaper] = cost[cheaper]
+                spend[:m, :m][cheaper] = w + further[cheaper]
+                choice[:m, :m][cheaper] = w
+            tables.value = best
+            tables.spends.append(spend)
+            tables.waves.append(choice)
+
+    def tables(self, log_price: float, rounds_left: int) -> _Tables:
+        """The tables at ``log_price``'s bucket, covering ``rounds_left`` (at most 8) rounds."""
+        bucket = round(log_price / _STEP)
+        tables = self._tables.get(bucket)
+        if tables is None:
+            tables = self._tables[bucket] = _Tables(bucket * _STEP, self.error.copy())
+            while len(self._tables) > _MAX_TABLES:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(bucket)
+        self._extend(tables, min(rounds_left, _MAX_ROUNDS))
+        return tables
+
+
+@lru_cache(maxsize=_MAX_PROGRAMMES)
+def _programme(weights: tuple[float, ...], max_votes: int) -> _Programme:
+    return _Programme(np.asarray(weights), max_votes)
 
 
 class VotePrior:
@@ -82,28 +173,18 @@ class VotePrior:
         max_votes: top-two votes a question may hold in the programme.
         refit_every: finished questions between EM fits.
         history: the most recent finished questions the fit uses.
-        max_tables: price buckets whose tables are kept.
     """
 
-    def __init__(
-        self,
-        *,
-        max_votes: int = 64,
-        refit_every: int = 50,
-        history: int = 1000,
-        max_tables: int = 32,
-    ) -> None:
-        if max_votes < 1 or refit_every < 1 or history < 1 or max_tables < 1:
-            raise ValueError("max_votes, refit_every, history and max_tables must be positive")
+    def __init__(self, *, max_votes: int = 64, refit_every: int = 50, history: int = 1000) -> None:
+        if not 1 <= max_votes <= 255 or refit_every < 1 or history < 1:
+            raise ValueError("max_votes must be in [1, 255], refit_every and history at least 1")
         self.max_votes = max_votes
         self.refit_every = refit_every
-        self.max_tables = max_tables
         self._observed: deque[tuple[int, int]] = deque(maxlen=history)
         self._since_fit = 0
         self._top_two = list(_SHARE_PRIOR)
-        self._tables: OrderedDict[int, _Tables] = OrderedDict()
         self.weights = np.full(len(_GRID), 1.0 / len(_GRID))
-        self._posterior()
+        self._key = self._name()
 
     @property
     def num_questions(self) -> int:
@@ -127,7 +208,7 @@ class VotePrior:
             self.fit()
 
     def fit(self) -> None:
-        """Refits the grid's weights to the questions seen (EM), and drops the old tables."""
+        """Refits the grid's weights to the questions seen (EM)."""
         self._since_fit = 0
         if not self._observed:
             return
@@ -142,90 +223,19 @@ class VotePrior:
             weights = joint.mean(axis=0) + _EM_FLOOR
             weights /= weights.sum()
         self.weights = weights
-        self._posterior()
+        self._key = self._name()
 
-    def _posterior(self) -> None:
-        """Posterior weights of every (share, which answer is the mode) at every vote state."""
-        n = np.arange(self.max_votes + 1, dtype=np.float64)
-        a, b = n[None, :, None], n[None, None, :]
-        x = _GRID[:, None, None]
-        log_w = np.log(self.weights)[:, None, None]
-        first = log_w + a * np.log(x) + b * np.log1p(-x)  # the first answer is the mode
-        second = log_w + b * np.log(x) + a * np.log1p(-x)
-        top = np.maximum(first.max(axis=0), second.max(axis=0))[None]
-        first, second = np.exp(first - top), np.exp(second - top)
-        total = first.sum(axis=0) + second.sum(axis=0)
-        self._first = first / total
-        self._second = second / total
-        first_is_mode = self._first.sum(axis=0)
-        self._error = np.minimum(first_is_mode, 1.0 - first_is_mode)
-        self._predictives: dict[int, NDArray[np.float64]] = {}
-        self._tables.clear()
+    def _name(self) -> tuple[float, ...]:
+        """The weights rounded: priors alike share one programme."""
+        rounded = np.round(self.weights, _DECIMALS) + 10.0**-_DECIMALS
+        return tuple((rounded / rounded.sum()).tolist())
+
+    def _programme(self) -> _Programme:
+        return _programme(self._key, self.max_votes)
 
     def error(self, n1: int, n2: int) -> float:
         """Posterior chance that the leader of ``(n1, n2)`` top-two votes is not the mode."""
-        return float(self._error[min(n1, self.max_votes), min(n2, self.max_votes)])
-
-    def _extend(self, tables: _Tables, rounds: int) -> None:
-        """Adds rounds to ``tables`` until it covers ``rounds`` rounds left."""
-        size = self.max_votes + 1
-        price = math.exp(tables.log_price)
-        votes = np.add.outer(np.arange(size), np.arange(size))
-        sizes = [w for w in _SIZES if w <= self.max_votes]
-        while len(tables.waves) <= rounds:
-            best = self._error.copy()
-            spend = np.zeros((size, size))
-            choice = np.zeros((size, size), dtype=np.int64)
-            for w in sizes:
-                m = size - w
-                expected = self._expect(tables.value, w)
-                further = self._expect(tables.spend, w)
-                cost = price * w + expected
-                cost[votes[:m, :m] + w > self.max_votes] = np.inf
-                cheaper = cost < best[:m, :m]
-                best[:m, :m][cheaper] = cost[cheaper]
-                spend[:m, :m][cheaper] = w + further[cheaper]
-                choice[:m, :m][cheaper] = w
-            tables.value, tables.spend = best, spend
-            tables.waves.append(choice)
-
-    def _expect(self, table: NDArray[np.float64], w: int) -> NDArray[np.float64]:
-        """``table`` expected after ``w`` more top-two votes, at every state that has room."""
-        m = self.max_votes + 1 - w
-        step0, step1 = table.strides
-        # diagonals[j, a, b] = table[a + j, b + w - j]: j of the w votes for the first answer.
-        diagonals = np.lib.stride_tricks.as_strided(
-            table.ravel()[w:], shape=(w + 1, m, m), strides=(step0 - step1, step0, step1)
-        )
-        return np.asarray(np.einsum("jab,jab->ab", self._predictive(w), diagonals), np.float64)
-
-    def _predictive(self, w: int) -> NDArray[np.float64]:
-        """``[j, a, b]``: the chance at state ``(a, b)`` that ``j`` of ``w`` more votes go to
-        the first answer (a mixture over the posterior of binomials)."""
-        predictive = self._predictives.get(w)
-        if predictive is None:
-            m = self.max_votes + 1 - w
-            pmf = _pmf(w)
-            first = self._first[:, :m, :m].reshape(len(_GRID), m * m)
-            second = self._second[:, :m, :m].reshape(len(_GRID), m * m)
-            # When the second answer is the mode, the first one's votes are its w - j.
-            predictive = (pmf @ first + pmf[::-1] @ second).reshape(w + 1, m, m)
-            self._predictives[w] = predictive
-        return predictive
-
-    def _table(self, log_price: float, rounds_left: int) -> NDArray[np.int64]:
-        """Top-two votes to buy at each vote state with ``rounds_left`` rounds left."""
-        bucket = round(log_price / _STEP)
-        tables = self._tables.get(bucket)
-        if tables is None:
-            tables = self._tables[bucket] = _Tables(bucket * _STEP, self._error.copy())
-            while len(self._tables) > self.max_tables:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(bucket)
-        rounds = min(rounds_left, _MAX_ROUNDS)
-        self._extend(tables, rounds)
-        return tables.waves[rounds]
+        return float(self._programme().error[min(n1, self.max_votes), min(n2, self.max_votes)])
 
     def wave(self, n1: int, n2: int, num_samples: int, log_price: float, rounds_left: int) -> int:
         """Samples to send next for a question with these votes (0: it stops).
@@ -240,7 +250,8 @@ class VotePrior:
         if rounds_left <= 0:
             return 0
         n1, n2 = min(n1, self.max_votes), min(n2, self.max_votes)
-        votes = int(self._table(log_price, rounds_left)[n1, n2])
+        tables = self._programme().tables(log_price, rounds_left)
+        votes = int(tables.waves[min(rounds_left, _MAX_ROUNDS)][n1, n2])
         if votes == 0:
             return 0
         share = (n1 + n2 + 1.0) / (num_samples + 1.0) if num_samples else self.top_two_share
@@ -248,9 +259,8 @@ class VotePrior:
 
     def expected_votes(self, log_price: float, rounds: int) -> float:
         """Top-two votes a new question is expected to take at ``log_price`` in ``rounds``."""
-        self._table(log_price, rounds)
-        tables = self._tables[round(log_price / _STEP)]
-        return float(tables.spend[0, 0]) if len(tables.waves) == rounds + 1 else math.nan
+        tables = self._programme().tables(log_price, rounds)
+        return float(tables.spends[min(rounds, _MAX_ROUNDS)][0, 0])
 
     def log_price_for(self, budget_per_question: float, rounds: int) -> float:
         """The log price at which a new question is expected to take ``budget_per_question``
