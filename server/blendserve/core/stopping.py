@@ -138,15 +138,13 @@ class StoppingRule:
         """Whether a question with these votes and samples stops at ``log tau``."""
         if num_samples >= self.max_num_samples:
             return True
-        if self._planned:
-            assert self.prior is not None
-            return n1 > 0 and self.prior.settled(n1, n2, log_tau)
+        if (planner := self._planner()) is not None:
+            return n1 > 0 and planner.settled(n1, n2, log_tau)
         return n1 > 0 and self.log_uncertainty(n1, n2, num_distinct) <= log_tau
 
-    @property
-    def _planned(self) -> bool:
-        """Whether the learned prior sizes the waves."""
-        return self.prior is not None and self.max_rounds > 0 and self.score == "asc"
+    def _planner(self) -> VotePrior | None:
+        """The learned prior, where it sizes the waves (bounded rounds, ASC's score)."""
+        return self.prior if self.max_rounds > 0 and self.score == "asc" else None
 
     def samples_to_stop(
         self, n1: int, n2: int, num_distinct: int, num_samples: int, log_tau: float
@@ -186,10 +184,9 @@ class StoppingRule:
         if self.max_rounds and rounds >= self.max_rounds:
             return 0
         left = self.max_num_samples - num_samples
-        if self._planned:
-            assert self.prior is not None
+        if (planner := self._planner()) is not None:
             rounds_left = self.max_rounds - rounds
-            return max(0, min(left, self.prior.wave(n1, n2, num_samples, log_tau, rounds_left)))
+            return max(0, min(left, planner.wave(n1, n2, num_samples, log_tau, rounds_left)))
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0

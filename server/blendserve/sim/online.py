@@ -5,10 +5,11 @@ concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
 until it stops, and the pacing controller learns ``tau`` from each finished
 question. Unless ``first`` fixes it, a question's first wave is the share of
 the budget that the stream's finished questions call for, and its cap is
-lowered on flat streams (:class:`~blendserve.core.flatness.Flatness`), as a
-``/v1`` pool learns them.
+lowered on flat streams (:class:`~blendserve.core.flatness.Flatness`), and
+with bounded rounds its waves are planned against the stream's learned
+:class:`~blendserve.core.vote_prior.VotePrior`, as a ``/v1`` pool learns them.
 The method's spec reads
-``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5]``.
+``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5,rounds=4,plan=bayes]``.
 """
 
 from __future__ import annotations
