@@ -5,6 +5,12 @@ self-consistency (answers spread over many near-tied candidates, as a small
 model's on hard questions): ``flat`` (Dirichlet over 3-8 answers), ``many``
 (a sparse Dirichlet over 10-20 answers), ``ties`` (the top two within a few
 points) and ``mixed`` (half LLM-like, half flat).
+
+Four more families were made to check the online rule's learned waves on
+answers it was not chosen on: ``zipf`` (3-12 answers with Zipf shares of
+exponent 0.5-2), ``pair`` (two answers, the leader's share uniform on
+0.5-1), ``dense`` (a Dirichlet(2) over 4-6 answers) and ``tail`` (a peaked
+pair, 4:1, and ten rare answers sharing a Beta(2, 5) remainder).
 """
 
 from __future__ import annotations
@@ -70,6 +76,25 @@ def _mixed(rng: np.random.Generator) -> NDArray[np.float64]:
     return _llm_like(rng) if rng.random() < 0.5 else _dirichlet(rng, 3, 8, 1.0)
 
 
+def _zipf(rng: np.random.Generator) -> NDArray[np.float64]:
+    """3-12 answers with shares proportional to ``rank^-s``, ``s`` uniform on 0.5-2."""
+    ranks = np.arange(1, int(rng.integers(3, 13)) + 1, dtype=np.float64)
+    shares = ranks ** -rng.uniform(0.5, 2.0)
+    return shares / shares.sum()
+
+
+def _pair(rng: np.random.Generator) -> NDArray[np.float64]:
+    """Two answers, the leader's share uniform on 0.5-1."""
+    p1 = rng.uniform(0.5, 1.0)
+    return np.array([p1, 1.0 - p1])
+
+
+def _tail(rng: np.random.Generator) -> NDArray[np.float64]:
+    """A peaked pair (4:1) holding a Beta(5, 2) share, ten rare answers sharing the rest."""
+    top = rng.beta(5.0, 2.0)
+    return np.array([0.8 * top, 0.2 * top, *[(1.0 - top) / 10] * 10])
+
+
 # Family -> a draw of one question's distribution (d1 and d2 are drawn by weight).
 _DRAWS = {
     "llm": _llm_like,
@@ -77,6 +102,10 @@ _DRAWS = {
     "many": lambda rng: _dirichlet(rng, 10, 20, 0.5),
     "ties": _near_tie,
     "mixed": _mixed,
+    "zipf": _zipf,
+    "pair": _pair,
+    "dense": lambda rng: _dirichlet(rng, 4, 6, 2.0),
+    "tail": _tail,
 }
 
 
