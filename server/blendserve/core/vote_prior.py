@@ -31,11 +31,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-__all__ = ["VotePrior", "start_log_price"]
+__all__ = ["SHARES", "VotePrior", "start_log_price"]
 
-# The leader's share x of the top two: a grid over [0.5, 1), finer nowhere in
-# particular, with points near 1 for the unanimous questions.
-_GRID = np.r_[np.linspace(0.5, 0.98, 25), 0.995, 1.0 - 1e-6]
+#: The grid of the leader's share ``x`` of the top two: even steps over [0.5, 0.98],
+#: and two points near 1 for the unanimous questions.
+SHARES = np.r_[np.linspace(0.5, 0.98, 25), 0.995, 1.0 - 1e-6]
 # Wave sizes the programme chooses among (top-two votes).
 _SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 # Log-price buckets: tables are computed once per bucket.
@@ -62,8 +62,8 @@ _DECIMALS = 4
 
 @lru_cache(maxsize=len(_SIZES))
 def _pmf(w: int) -> NDArray[np.float64]:
-    """``pmf[j, k]``: chance of ``j`` of ``w`` votes for an answer of share ``_GRID[k]``."""
-    return np.asarray(stats.binom.pmf(np.arange(w + 1)[:, None], w, _GRID[None]), np.float64)
+    """``pmf[j, k]``: chance of ``j`` of ``w`` votes for an answer of share ``SHARES[k]``."""
+    return np.asarray(stats.binom.pmf(np.arange(w + 1)[:, None], w, SHARES[None]), np.float64)
 
 
 @dataclass
@@ -89,7 +89,7 @@ class _Programme:
         size = max_votes + 1
         n = np.arange(size, dtype=np.float64)
         a, b = n[None, :, None], n[None, None, :]
-        x = _GRID[:, None, None]
+        x = SHARES[:, None, None]
         log_w = np.log(weights)[:, None, None]
         first = log_w + a * np.log(x) + b * np.log1p(-x)  # the first answer is the mode
         second = log_w + b * np.log(x) + a * np.log1p(-x)
@@ -107,8 +107,8 @@ class _Programme:
         for w in self.sizes:
             m = size - w
             pmf = _pmf(w)
-            head = first[:, :m, :m].reshape(len(_GRID), m * m)
-            tail = second[:, :m, :m].reshape(len(_GRID), m * m)
+            head = first[:, :m, :m].reshape(len(SHARES), m * m)
+            tail = second[:, :m, :m].reshape(len(SHARES), m * m)
             mixture = (pmf @ head + pmf[::-1] @ tail).reshape(w + 1, m, m)
             self._predictive[w] = mixture.astype(np.float32)
         self._tables: OrderedDict[int, _Tables] = OrderedDict()
@@ -183,7 +183,7 @@ class VotePrior:
         self._observed: deque[tuple[int, int]] = deque(maxlen=history)
         self._since_fit = 0
         self._top_two = list(_SHARE_PRIOR)
-        self.weights = np.full(len(_GRID), 1.0 / len(_GRID))
+        self.weights = np.full(len(SHARES), 1.0 / len(SHARES))
         self._key = self._name()
 
     @property
@@ -214,9 +214,9 @@ class VotePrior:
             return
         votes = np.asarray(self._observed, dtype=np.float64)
         a, b = votes[:, :1], votes[:, 1:]
-        log_x, log_y = np.log(_GRID)[None], np.log1p(-_GRID)[None]
+        log_x, log_y = np.log(SHARES)[None], np.log1p(-SHARES)[None]
         likelihood = np.exp(a * log_x + b * log_y) + np.exp(b * log_x + a * log_y)
-        weights = np.full(len(_GRID), 1.0 / len(_GRID))
+        weights = np.full(len(SHARES), 1.0 / len(SHARES))
         for _ in range(_EM_ITERATIONS):
             joint = likelihood * weights
             joint /= joint.sum(axis=1, keepdims=True)
