@@ -79,8 +79,8 @@ def _mixed(rng: np.random.Generator) -> NDArray[np.float64]:
 def _zipf(rng: np.random.Generator) -> NDArray[np.float64]:
     """3-12 answers with shares proportional to ``rank^-s``, ``s`` uniform on 0.5-2."""
     ranks = np.arange(1, int(rng.integers(3, 13)) + 1, dtype=np.float64)
-    shares: NDArray[np.float64] = ranks ** -rng.uniform(0.5, 2.0)
-    return shares / shares.sum()
+    shares = np.power(ranks, -rng.uniform(0.5, 2.0))
+    return np.asarray(shares / shares.sum(), dtype=np.float64)
 
 
 def _pair(rng: np.random.Generator) -> NDArray[np.float64]:
