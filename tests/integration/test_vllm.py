@@ -108,7 +108,7 @@ def test_readme_examples_through_vllm_upstream(service: str, tmp_path: Path) -> 
 
 
 def _leave(url: str, seconds: float) -> None:
-    """A /v1 request of n=4 long samples whose client leaves after ``seconds``."""
+    """A /v1 request (4 choices) of long samples whose client leaves after ``seconds``."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "n": 4,
             "max_tokens": 1500, "temperature": 0.8}  # fmt: skip
     with pytest.raises(httpx.TimeoutException):
@@ -188,7 +188,7 @@ def test_a_question_that_settles_leaves_nothing_running(service: str, upstream: 
 def test_a_client_that_leaves_aborts_its_samples(service: str, upstream: str) -> None:
     leaving = threading.Thread(target=_leave, args=(service, 10))
     leaving.start()
-    wait_until(lambda: vllm_metric(upstream, RUNNING) == 4, 60, "vLLM to run the 4 samples")
+    wait_until(lambda: vllm_metric(upstream, RUNNING) > 0, 60, "vLLM to run its first wave")
     leaving.join()
     left = time.monotonic()
     # 1,500 tokens would hold vLLM for minutes: the samples were aborted.
