@@ -119,8 +119,11 @@ class OnlineRule:
 
     @property
     def planned(self) -> bool:
-        """Whether a stream's prior sizes the waves (and ``tau`` is the price of a vote)."""
-        return self.plan == "bayes" and self.rounds > 0 and self.score == "asc"
+        """Whether a stream's prior sizes the waves (and ``tau`` is the price of a vote):
+        the ``bayes`` plan of bounded waves, ASC's score, paced to a budget."""
+        return (
+            self.plan == "bayes" and self.rounds > 0 and self.score == "asc" and self.target is None
+        )
 
     def stopping(
         self,
@@ -142,5 +145,5 @@ class OnlineRule:
             min_growth=self.growth,
             first_share=share,
             max_rounds=self.rounds,
-            prior=prior if self.planned and self.target is None else None,
+            prior=prior if self.planned else None,
         )

@@ -75,9 +75,9 @@ class StoppingRule:
         max_rounds: waves per question at most (0: no bound); later waves are
             then sized by :class:`~blendserve.core.waves.WavePlan` from what the
             question is expected to need, and its last wave takes all of it.
-        prior: with ``max_rounds``, the stream's learned
-            :class:`~blendserve.core.vote_prior.VotePrior` sizes every wave
-            instead, and ``tau`` is the price of a vote it is paced by.
+        prior: the stream's learned :class:`~blendserve.core.vote_prior.VotePrior`,
+            which then sizes every wave instead (``asc`` with ``max_rounds``
+            only), and ``tau`` is the price of a vote it is paced by.
     """
 
     score: Score = "asc"
@@ -98,6 +98,8 @@ class StoppingRule:
             raise ValueError(f"min_first must be >= 0, got {self.min_first}")
         if self.max_rounds < 0:
             raise ValueError(f"max_rounds must be >= 0, got {self.max_rounds}")
+        if self.prior is not None and not (self.max_rounds and self.score == "asc"):
+            raise ValueError("a prior plans bounded waves of the asc score only")
 
     @classmethod
     def for_budget(
@@ -138,13 +140,9 @@ class StoppingRule:
         """Whether a question with these votes and samples stops at ``log tau``."""
         if num_samples >= self.max_num_samples:
             return True
-        if (planner := self._planner()) is not None:
-            return n1 > 0 and planner.settled(n1, n2, log_tau)
+        if self.prior is not None:
+            return n1 > 0 and self.prior.settled(n1, n2, log_tau)
         return n1 > 0 and self.log_uncertainty(n1, n2, num_distinct) <= log_tau
-
-    def _planner(self) -> VotePrior | None:
-        """The learned prior, where it sizes the waves (bounded rounds, ASC's score)."""
-        return self.prior if self.max_rounds > 0 and self.score == "asc" else None
 
     def samples_to_stop(
         self, n1: int, n2: int, num_distinct: int, num_samples: int, log_tau: float
@@ -184,9 +182,9 @@ class StoppingRule:
         if self.max_rounds and rounds >= self.max_rounds:
             return 0
         left = self.max_num_samples - num_samples
-        if (planner := self._planner()) is not None:
+        if self.prior is not None:
             rounds_left = self.max_rounds - rounds
-            return max(0, min(left, planner.wave(n1, n2, num_samples, log_tau, rounds_left)))
+            return max(0, min(left, self.prior.wave(n1, n2, num_samples, log_tau, rounds_left)))
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0

@@ -48,7 +48,7 @@ def test_only_a_paced_bounded_asc_rule_is_planned_by_the_prior() -> None:
     assert OnlineRule().planned
     assert not any(
         OnlineRule.parse(spec).planned
-        for spec in ("online:plan=asc", "online:rounds=0", "online:score=ppr")
+        for spec in ("online:plan=asc", "online:rounds=0", "online:score=ppr", "online:target=0.01")
     )
 
 
