@@ -187,11 +187,6 @@ class VotePrior:
         self._key = self._name()
 
     @property
-    def num_questions(self) -> int:
-        """Finished questions the prior has seen (at most ``history`` are kept)."""
-        return len(self._observed)
-
-    @property
     def top_two_share(self) -> float:
         """The stream's share of samples that voted for a question's top two answers."""
         return self._top_two[0] / self._top_two[1]
@@ -232,10 +227,6 @@ class VotePrior:
 
     def _programme(self) -> _Programme:
         return _programme(self._key, self.max_votes)
-
-    def error(self, n1: int, n2: int) -> float:
-        """Posterior chance that the leader of ``(n1, n2)`` top-two votes is not the mode."""
-        return float(self._programme().error[min(n1, self.max_votes), min(n2, self.max_votes)])
 
     def wave(self, n1: int, n2: int, num_samples: int, log_price: float, rounds_left: int) -> int:
         """Samples to send next for a question with these votes (0: it stops).
