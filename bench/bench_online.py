@@ -7,13 +7,16 @@ Usage: python bench/bench_online.py [DATA_DIR] [--questions 300] [--concurrency 
 For each recorded set (questions in a seeded random order), a real uvicorn
 server on loopback over the replay engine (``--latency`` seconds a request)
 answers chat completions sent by ``openai.AsyncOpenAI`` at each client
-concurrency, once in the default online mode and once with the 50 ms grouping
-window (``sc_mode=grouped``). Prints mean samples per question, reducible
+concurrency, in each of ``--modes``: the default online mode, the 50 ms
+grouping window (``sc_mode=grouped``), and ``sc``, plain SC@32 asked through
+the same endpoint (``policy: sc`` with 32 samples a question, sent at once:
+two requests of 16 in one wave). Prints mean samples per question, reducible
 error (answers that are not the recorded mode) next to SC@32's expected
 error on the same questions (32 samples of each, null answers not voting,
 ties to the answer first to reach the top count, averaged over 2000 draws),
 request latency p50/p99, engine rounds per question (online: the pool's
-waves, mean and p50/p95; grouped: engine requests per question, p50/p95),
+waves, mean and p50/p95; grouped and sc: engine requests per question,
+p50/p95),
 engine requests per question and the pacing error after 100, 200 and 500
 questions. Every loop is bounded by the question count.
 
@@ -153,10 +156,9 @@ def _serve(engine: ReplayEngine, **settings: Any) -> tuple[uvicorn.Server, threa
 
 
 async def _ask_all(
-    url: str, records: list[dict[str, Any]], concurrency: int, budget: float
+    url: str, records: list[dict[str, Any]], concurrency: int, options: dict[str, Any]
 ) -> list[tuple[float, dict[str, Any]]]:
     gate = asyncio.Semaphore(concurrency)
-    options = {"blendserve": {"answer": "exact", "budget_per_question": budget}}
     results: list[tuple[float, dict[str, Any]]] = []
     async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0) as client:
 
@@ -239,14 +241,18 @@ def run(
     engine = questions.engine(concurrency + engine_seed, latency)
     budget = questions.budget
     settings = {
-        "sc_mode": mode,
+        "sc_mode": "online" if mode == "sc" else mode,
         "default_concurrency": 64,
         "max_concurrent_jobs": 256,
         "default_max_rounds": max_rounds,
     }
     server, thread, url = _serve(engine, **settings)
     try:
-        results = asyncio.run(_ask_all(url, questions.questions, concurrency, budget))
+        blendserve = {"answer": "exact", "budget_per_question": budget}
+        if mode == "sc":  # SC@32: a job of the question's 32 samples sent at once
+            blendserve = {"answer": "exact", "budget_per_question": TARGET, "policy": "sc"}
+        options = {"blendserve": blendserve}
+        results = asyncio.run(_ask_all(url, questions.questions, concurrency, options))
         pools = server.config.app.state.service.dropin.pools.pools.values()
         rounds = sum(p.num_rounds for p in pools)
     finally:
