@@ -10,6 +10,8 @@ RUN if [ -n "$EXTRAS" ]; then \
       apt-get update && apt-get install -y --no-install-recommends build-essential cmake \
       && rm -rf /var/lib/apt/lists/*; \
     fi
+# llama.cpp for any x86-64 host with AVX2, not only the build machine's CPU (docs/engines.md).
+ENV CMAKE_ARGS=-DGGML_NATIVE=OFF
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY server ./server

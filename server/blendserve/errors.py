@@ -4,6 +4,7 @@
     ├── EngineError                 an engine could not produce samples
     │   ├── EngineTimeout           the deadline passed
     │   ├── EngineUnavailable       no upstream could be reached (or all are unhealthy)
+    │   │   └── EngineDown          the engine's own server process died: no retry helps
     │   └── EngineProtocolError     an upstream answered something we cannot use
     ├── SchedulerError              a job could not run to completion
     ├── ServiceOverloaded           too many jobs or questions at once (``retry_after``)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "BlendserveError",
+    "EngineDown",
     "EngineError",
     "EngineProtocolError",
     "EngineTimeout",
@@ -44,6 +46,12 @@ class EngineTimeout(EngineError):
 
 class EngineUnavailable(EngineError):
     """No upstream could be reached, or every upstream is marked unhealthy."""
+
+
+class EngineDown(EngineUnavailable):
+    """The engine's own server process (the embedded llama.cpp server, vLLM's engine core)
+    is not running: requests fail at once with why, rather than retry against nothing.
+    """
 
 
 class EngineProtocolError(EngineError):

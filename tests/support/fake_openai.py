@@ -22,7 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import resource
+import signal
 import socket
 import sys
 import threading
@@ -97,6 +100,8 @@ class FakeState:
     ``usage.completion_tokens_details``; ``reasoning_tags`` are the tags a raw
     thought is written between.
     ``authorizations`` records each completion request's ``Authorization``.
+    ``die_by``: the process kills itself with this signal at its first
+    completion request (a crashing server's stand-in; no core file is written).
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
@@ -131,6 +136,7 @@ class FakeState:
     reasoning_tokens: int | None = None
     reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     authorizations: list[str | None] = field(default_factory=list)
+    die_by: int = 0
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
@@ -313,6 +319,9 @@ async def _complete(
     state: FakeState, kill: asyncio.Event, request: Request, chat: bool
 ) -> Response:
     """One completion request: a fault, an error, a stream or a JSON body."""
+    if state.die_by:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), state.die_by)
     body = json.loads(await request.body())
     state.requests += 1
     if state.record:
@@ -589,9 +598,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--ignore-n", action="store_true")
     parser.add_argument("--name", default="fake")
+    parser.add_argument("--die-by", default=None, help="a signal's name, such as SIGILL")
     args = parser.parse_args(argv)
     state = FakeState(
-        name=args.name, honour_n=not args.ignore_n, latency=args.latency, record=False
+        name=args.name,
+        honour_n=not args.ignore_n,
+        latency=args.latency,
+        record=False,
+        die_by=signal.Signals[args.die_by] if args.die_by else 0,
     )
     sock = _bind(args.port)
     print(f"PORT {sock.getsockname()[1]}", flush=True)

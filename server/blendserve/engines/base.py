@@ -13,6 +13,7 @@ from blendserve.core.answers.thoughts import (
     Thought,
     read_thought,
 )
+from blendserve.errors import EngineDown
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
@@ -146,10 +147,12 @@ class EngineHealth:
     Attributes:
         healthy: at least one upstream can take requests.
         upstreams: upstream name -> healthy.
+        detail: why the engine cannot serve, where it knows (a dead server process).
     """
 
     healthy: bool
     upstreams: Mapping[str, bool] = field(default_factory=dict)
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,14 @@ class Engine(ABC):
     @abstractmethod
     async def health(self) -> EngineHealth:
         """Current health, without waiting on a slow upstream for long."""
+
+    def down(self) -> EngineDown | None:
+        """Why the engine cannot serve at all now, known without asking it (None: it may).
+
+        An engine that owns its server process says so once that process died,
+        so that requests fail at once with the cause instead of retrying.
+        """
+        return None
 
     async def models(self) -> list[str]:
         """Model names the engine serves."""

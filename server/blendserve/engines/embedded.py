@@ -17,26 +17,19 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.resources
-import importlib.util
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx2
+from typing import Any, TypeVar
 
 from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.config import Timeouts
+from blendserve.engines.llama_server import EmbeddedLlamaServer
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough
-from blendserve.errors import EngineUnavailable
+from blendserve.errors import EngineDown, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
@@ -48,6 +41,8 @@ __all__ = [
     "create_embedded_engine",
     "ensure_model",
 ]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -139,143 +134,6 @@ def ensure_model(name: str, cache_dir: Path, models: dict[str, ModelSpec] | None
     return target
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class EmbeddedLlamaServer:
-    """A ``llama_cpp.server`` subprocess on a free loopback port.
-
-    Args:
-        model_path: the GGUF file.
-        model_name: the name it serves the model under (its ``/v1/models``
-            id); None: the file's path, llama.cpp's default.
-        n_ctx: context length.
-        n_threads: CPU threads (default: all cores).
-        startup_timeout: seconds to wait for the server to answer.
-    """
-
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        model_name: str | None = None,
-        n_ctx: int = 4096,
-        n_threads: int | None = None,
-        startup_timeout: float = 120.0,
-    ) -> None:
-        self.model_path = model_path
-        self.model_name = model_name
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
-        self.startup_timeout = startup_timeout
-        self.port = 0
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        """The server's OpenAI base URL."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def running(self) -> bool:
-        """Whether the subprocess is alive."""
-        return self._process is not None and self._process.poll() is None
-
-    def _log_tail(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        return Path(self._log.name).read_bytes()[-2000:].decode(errors="replace")
-
-    async def start(self) -> None:
-        """Starts the server and waits until it lists its model.
-
-        Raises:
-            EngineUnavailable: llama-cpp-python is missing, or the server exited
-                or did not answer in time (with its last output).
-        """
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise EngineUnavailable(
-                "the embedded default needs llama-cpp-python's server: "
-                "pip install -e ./client -e '.[embedded]' in a checkout, or run with --upstream URL"
-            )
-        self.port = _free_port()
-        # Kept open for the server's lifetime; closed (and deleted) by aclose().
-        self._log = tempfile.NamedTemporaryFile(prefix="blendserve-llama-", suffix=".log")  # noqa: SIM115
-        command = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
-            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-            "--n_threads", str(self.n_threads),
-            # Otherwise concurrent streams are cut after one chunk.
-            "--interrupt_requests", "False",
-        ]  # fmt: skip
-        if self.model_name is not None:
-            command += ["--model_alias", self.model_name]
-        self._process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            await self._wait_ready()
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def _wait_ready(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.startup_timeout
-        async with httpx2.AsyncClient(timeout=2.0) as client:
-            while True:
-                if not self.running:
-                    raise EngineUnavailable(f"llama.cpp server exited:\n{self._log_tail()}")
-                with contextlib.suppress(httpx2.TransportError):
-                    if (await client.get(f"{self.base_url}/models")).status_code == 200:
-                        return
-                if loop.time() > deadline:
-                    raise EngineUnavailable(
-                        f"llama.cpp server did not answer in {self.startup_timeout} s:\n"
-                        f"{self._log_tail()}"
-                    )
-                await asyncio.sleep(0.2)
-
-    async def detokenize(self, tokens: Sequence[int]) -> str:
-        """The text of ``tokens`` by the model's own tokenizer (the server takes text only).
-
-        Raises:
-            EngineUnavailable: the server did not answer with a text.
-        """
-        url = self.base_url.removesuffix("/v1") + "/extras/detokenize"
-        try:
-            async with httpx2.AsyncClient(timeout=30.0) as client:
-                response = await client.post(url, json={"tokens": list(tokens)})
-            response.raise_for_status()
-            text = response.json()["text"]
-        except (httpx2.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise EngineUnavailable(f"llama.cpp could not detokenize the prompt: {exc}") from exc
-        if not isinstance(text, str):
-            raise EngineUnavailable("llama.cpp could not detokenize the prompt")
-        return text
-
-    async def aclose(self) -> None:
-        """Stops the server (SIGTERM, then SIGKILL after 10 s); safe to call twice."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.shield(asyncio.to_thread(process.wait, 10))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await asyncio.to_thread(process.wait)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
 #: Bytes of detokenized prompts kept (their texts; the token ids are kept as digests).
 MAX_TEXT_BYTES = 64 << 20
 
@@ -292,10 +150,17 @@ def _digest(tokens: Sequence[int]) -> bytes:
 class EmbeddedEngine(Engine, PassThrough):
     """The OpenAI engine over an embedded llama.cpp server it owns (and its stats sink).
 
+    While the server is down (dead, restarting, given up) every call fails at
+    once with :class:`~blendserve.errors.EngineDown` saying why, and so do the
+    calls in flight when it dies; once it is back on a new port, the next
+    call talks to it through a fresh inner engine made by ``reconnect``.
+
     Args:
         server: the llama.cpp server.
         inner: the OpenAI engine that talks to it.
         max_text_bytes: bytes of detokenized prompts kept for reuse.
+        reconnect: makes the inner engine of a restarted server's base URL
+            (None: ``inner`` is kept).
 
     Attributes:
         texts: token-id digest -> text, the prompts detokenized lately.
@@ -309,10 +174,13 @@ class EmbeddedEngine(Engine, PassThrough):
         inner: OpenAIEngine,
         *,
         max_text_bytes: int = MAX_TEXT_BYTES,
+        reconnect: Callable[[str], OpenAIEngine] | None = None,
     ) -> None:
         self.server = server
         self.inner = inner
         self.sink = inner.sink
+        self._reconnect = reconnect
+        self._launch = server.launches  # the server ``inner`` talks to
         # digest of token ids -> their text, for the prompts of the questions in flight
         self.texts: ByteLRU[bytes, str] = ByteLRU(max_text_bytes)
 
@@ -321,20 +189,54 @@ class EmbeddedEngine(Engine, PassThrough):
         self.sink = sink
         self.inner.report_to(sink)
 
+    def down(self) -> EngineDown | None:
+        """Why the local server cannot serve now (see :meth:`EmbeddedLlamaServer.down`)."""
+        return self.server.down()
+
+    def _current(self) -> OpenAIEngine:
+        """The inner engine of the server running now (a fresh one after a restart)."""
+        if self._reconnect is not None and self._launch != self.server.launches:
+            old, self.inner = self.inner, self._reconnect(self.server.base_url)
+            self.inner.report_to(self.sink)
+            self._launch = self.server.launches
+            asyncio.get_running_loop().create_task(old.aclose())
+        return self.inner
+
+    async def _guarded(self, call: Callable[[OpenAIEngine], Awaitable[_T]]) -> _T:
+        """``call`` on the inner engine, failed at once if the server is or goes down."""
+        if (down := self.down()) is not None:
+            raise down
+        work = asyncio.ensure_future(call(self._current()))
+        if self.server.launches == 0:  # never started: nothing to watch
+            return await work
+        ended = asyncio.ensure_future(self.server.ended())
+        try:
+            await asyncio.wait((work, ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+        if (work.cancelled() or work.exception() is not None) and (down := self.down()):
+            raise down from None
+        return work.result()
+
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """Samples from the local model (``n`` split into seeded requests).
 
         llama.cpp's server takes text prompts only: token ids are turned back
         into text with its own tokenizer first.
         """
-        if request.prompt is not None and not isinstance(request.prompt, str):
-            key = _digest(request.prompt)
+        tokens = request.prompt
+        if tokens is not None and not isinstance(tokens, str):
+            key = _digest(tokens)
             text = self.texts.get(key)
             if text is None:
-                text = await self.server.detokenize(request.prompt)
+                text = await self._guarded(lambda _: self.server.detokenize(tokens))
                 self.texts.put(key, text)
             request = dataclasses.replace(request, prompt=text)
-        return await self.inner.generate(request)
+        return await self._guarded(lambda inner: inner.generate(request))
 
     async def forward(self, path: str, body: Mapping[str, Any]) -> UpstreamReply | None:
         """Forwards to the local llama.cpp server.
@@ -345,22 +247,23 @@ class EmbeddedEngine(Engine, PassThrough):
         """
         if path == "/completions" and not isinstance(body.get("prompt"), str):
             return None
-        return await self.inner.forward(path, body)
+        return await self._guarded(lambda inner: inner.forward(path, body))
 
     async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
         """Asks the local server (which has no vLLM tokenizer endpoints: a 404)."""
-        return await self.inner.tokenizer(path, body)
+        return await self._guarded(lambda inner: inner.tokenizer(path, body))
 
     async def health(self) -> EngineHealth:
-        """Healthy while the subprocess lives and the upstream is healthy."""
-        state = await self.inner.health()
-        return EngineHealth(state.healthy and self.server.running, state.upstreams)
+        """Healthy while the subprocess lives and the upstream is healthy; else why not."""
+        if (down := self.down()) is not None:
+            return EngineHealth(False, {self.server.base_url: False}, detail=str(down))
+        return await self._current().health()
 
     async def models(self) -> list[str]:
         """The local model's name (the ``embedded_model`` setting), else the server's list."""
         if self.server.model_name is not None:
             return [self.server.model_name]
-        return await self.inner.models()
+        return await self._guarded(lambda inner: inner.models())
 
     async def aclose(self) -> None:
         """Closes the client, then stops the server."""
@@ -368,6 +271,19 @@ class EmbeddedEngine(Engine, PassThrough):
             await self.inner.aclose()
         finally:
             await self.server.aclose()
+
+
+async def run_embedded(
+    server: EmbeddedLlamaServer, *, timeout: float = 600.0, sink: Stats = NO_STATS
+) -> EmbeddedEngine:
+    """Starts ``server`` and returns the engine that owns it, reporting to ``sink``."""
+    await server.start()
+
+    def connect(base_url: str) -> OpenAIEngine:
+        # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
+        return OpenAIEngine([base_url], stream=True, timeouts=Timeouts(call=timeout), sink=sink)
+
+    return EmbeddedEngine(server, connect(server.base_url), reconnect=connect)
 
 
 async def create_embedded_engine(
@@ -389,7 +305,4 @@ async def create_embedded_engine(
     cache = cache_dir or Path(tempfile.gettempdir()) / "blendserve-models"
     path = await asyncio.to_thread(ensure_model, model, cache)
     server = EmbeddedLlamaServer(path, model_name=model, n_ctx=n_ctx)
-    await server.start()
-    # Streamed requests: a cancelled one stops generating (llama.cpp checks between chunks).
-    inner = OpenAIEngine([server.base_url], stream=True, timeouts=Timeouts(call=timeout), sink=sink)
-    return EmbeddedEngine(server, inner)
+    return await run_embedded(server, timeout=timeout, sink=sink)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
-from blendserve.errors import EngineError, EngineUnavailable
+from blendserve.errors import EngineDown, EngineError, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["VLLMEngine"]
@@ -99,6 +99,8 @@ class VLLMEngine(Engine):
             ):
                 final = output
         except BaseException as exc:
+            if (down := self.down()) is not None:
+                raise down from exc
             await self._engine.abort(request_id)
             if isinstance(exc, Exception) and not isinstance(exc, EngineError):
                 raise EngineUnavailable(f"vLLM failed: {exc}") from exc
@@ -111,10 +113,19 @@ class VLLMEngine(Engine):
             for o in final.outputs
         ]
 
+    def down(self) -> EngineDown | None:
+        """Why vLLM cannot serve: its engine core died (vLLM does not restart it)."""
+        if not getattr(self._engine, "errored", False):
+            return None
+        return EngineDown(
+            "vLLM's engine core process died (its traceback is in the log): vLLM in-process "
+            "cannot restart it, so restart blendserve (a liveness probe on /health does)"
+        )
+
     async def health(self) -> EngineHealth:
-        """Unhealthy once the engine has errored."""
-        healthy = not getattr(self._engine, "errored", False)
-        return EngineHealth(healthy, {self.model: healthy})
+        """Unhealthy once the engine has errored, saying so."""
+        down = self.down()
+        return EngineHealth(down is None, {self.model: down is None}, str(down) if down else None)
 
     async def models(self) -> list[str]:
         """The loaded model."""

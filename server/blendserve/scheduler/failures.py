@@ -5,7 +5,13 @@ from __future__ import annotations
 import logging
 import math
 
-from blendserve.errors import EngineError, EngineTimeout, EngineUnavailable, UpstreamRejected
+from blendserve.errors import (
+    EngineDown,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    UpstreamRejected,
+)
 
 __all__ = ["FailureStreak", "backoff_s"]
 
@@ -30,7 +36,9 @@ class FailureStreak:
     still in flight (:meth:`deadline`, :meth:`expired`): a hung upstream holds
     a job for one request timeout plus ``timeout``, not ``limit`` request
     timeouts. An upstream's refusal of the request itself
-    (:class:`~blendserve.errors.UpstreamRejected`) ends it at once.
+    (:class:`~blendserve.errors.UpstreamRejected`) ends it at once, and so
+    does an engine whose own server died (:class:`~blendserve.errors.EngineDown`,
+    whose words say why and what to do).
 
     Args:
         limit: failures in a row that end the job.
@@ -72,7 +80,8 @@ class FailureStreak:
         self.resume_at = now + backoff_s(self.count)
         if self.error is not None:
             return False
-        if isinstance(exc, UpstreamRejected):  # the request itself: no retry helps
+        # The request itself, or a dead engine server: no retry helps.
+        if isinstance(exc, (UpstreamRejected, EngineDown)):
             return self._end(exc, now)
         if self.count < self.limit or (_transient(exc) and now - self.started < self.timeout):
             return False
@@ -92,7 +101,10 @@ class FailureStreak:
             _log.error("engine request failed with an internal error", exc_info=exc)
             detail = "an internal error (the server's log has the details)"
         lasted = now - self.started
-        self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {detail}"
+        if isinstance(exc, EngineDown):
+            self.error = detail
+        else:
+            self.error = f"engine failed {self.count} times in a row over {lasted:.1f} s: {detail}"
         self.cause = exc
         return True
 

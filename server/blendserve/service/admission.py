@@ -69,10 +69,13 @@ async def admitted(
 
     Raises:
         InvalidRequest: a limit is passed (422).
+        EngineDown: the engine's own server is dead (503, saying why).
         ServiceOverloaded: too much runs now (429).
     """
     state = service_of(request)
     state.limits.check(prompts, budget, param=param)
+    if (down := state.engine.down()) is not None:
+        raise down
     held = Admitted(request, state.admission.admit(len(prompts), param=param))
     try:
         yield held

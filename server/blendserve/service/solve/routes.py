@@ -27,7 +27,7 @@ router = APIRouter()
             "content": {"text/event-stream": {}, "application/x-ndjson": {}},
             "description": "JSON, or events when streamed",
         },
-        **error_responses(400, 401, 413, 422, 429),
+        **error_responses(400, 401, 413, 422, 429, 503),
     },
 )
 async def solve(body: SolveRequest, request: Request) -> SolveResponse | Response:

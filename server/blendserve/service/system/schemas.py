@@ -20,6 +20,11 @@ class HealthResponse(BaseModel):
         description="sequences the engine runs at once, as the service knows it (null: "
         "unknown, and jobs decide sample by sample)",
     )
+    detail: str | None = Field(
+        None,
+        description="why the engine cannot serve, where it knows: what died, how, and "
+        "what to do (null while it serves)",
+    )
 
 
 class ModelCard(BaseModel):
