@@ -4,6 +4,8 @@ Slow by nature (a 0.5B model on the CPU): one server for the module, few short s
 """
 
 import asyncio
+import os
+import signal
 import socket
 import tempfile
 import time
@@ -17,13 +19,19 @@ import pytest
 from blendserve.answers import extract
 from blendserve.engines import GenerateRequest, SamplingParams
 from blendserve.engines.config import RetryPolicy, Timeouts
-from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer, ensure_model
+from blendserve.engines.embedded import (
+    EmbeddedEngine,
+    EmbeddedLlamaServer,
+    ensure_model,
+    run_embedded,
+)
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
 from tests.integration.test_metrics import assert_samples_add_up, upstream_samples
 from tests.support.live import LiveServer, serve_engine
 from tests.support.running import run_coroutine
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -247,3 +255,32 @@ def test_passthrough_streams_token_by_token(server: EmbeddedLlamaServer) -> None
     assert len(arrivals) >= 10 and all(len(text) <= 16 for _, text in arrivals)
     assert arrivals[-1][0] > arrivals[0][0]
     assert "one" in "".join(text for _, text in arrivals).lower()
+
+
+def test_a_killed_llama_server_is_said_dead_and_comes_back() -> None:
+    cache = Path(tempfile.gettempdir()) / "blendserve-models"
+    server = EmbeddedLlamaServer(
+        ensure_model(MODEL, cache), model_name=MODEL, n_ctx=1024, restart_backoff=0.2
+    )
+
+    async def factory() -> EmbeddedEngine:
+        return await run_embedded(server, timeout=120)
+
+    body = {"questions": [{"prompt": QUESTIONS[0][0]}], "budget": 1,
+            "sampling": {"max_tokens": 8}}  # fmt: skip
+    with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
+        first = server.launches
+        assert server._process is not None
+        os.kill(server._process.pid, signal.SIGKILL)
+        wait_until(
+            lambda: httpx.get(f"{live.url}/health", timeout=5).status_code == 503, 5, "a 503"
+        )
+        refused = httpx.post(f"{live.url}/solve", json=body, timeout=30)
+        assert refused.status_code == 503 and "SIGKILL" in refused.json()["error"]["message"]
+        wait_until(
+            lambda: httpx.get(f"{live.url}/health", timeout=5).status_code == 200, 120, "a restart"
+        )
+        assert server.launches == first + 1
+        result = httpx.post(f"{live.url}/solve", json=body, timeout=120).json()
+        assert result["status"] == "completed" and result["budget"]["spent"] == 1
+    assert not server.running

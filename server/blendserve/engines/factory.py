@@ -46,6 +46,10 @@ class EngineConfig:
         replay_latency: seconds each replay request takes.
         replay_capacity: sequences the replay engine runs at once (None: unlimited).
         replay_per_token_latency: seconds per completion token of a replay request.
+        replay_profile: a decode-step profile (shipped name or JSONL file): the replay
+            engine then batches continuously.
+        replay_time_scale: multiplies each profiled step's time.
+        replay_lengths: the replay samples' lengths (:data:`~blendserve.engines.replay.LENGTHS`).
         capacity: sequences the engine runs at once (None: the engine's own, if it knows).
     """
 
@@ -65,6 +69,9 @@ class EngineConfig:
     replay_latency: float = 0.0
     replay_capacity: int | None = None
     replay_per_token_latency: float = 0.0
+    replay_profile: str | None = None
+    replay_time_scale: float = 1.0
+    replay_lengths: str = "text"
     capacity: int | None = None
 
     def resolved_kind(self) -> EngineKind:
@@ -116,12 +123,17 @@ async def _build(config: EngineConfig, sink: Stats) -> Engine:
     if kind == "replay":
         if config.data is None:
             raise ValueError("the replay engine needs --data FILE.jsonl")
-        from blendserve.engines.replay import LatencyModel, ReplayEngine
+        from blendserve.engines.replay import LENGTHS, LatencyModel, ReplayEngine
+        from blendserve.engines.step_cost import load_step_cost
 
+        profile = config.replay_profile
         latency = LatencyModel(
             fixed=config.replay_latency,
             per_token=config.replay_per_token_latency,
             max_concurrent_sequences=config.replay_capacity,
+            length=LENGTHS[config.replay_lengths],
+            step_cost=None if profile is None else load_step_cost(profile),
+            time_scale=config.replay_time_scale,
         )
         return ReplayEngine(config.data, latency=latency, sink=sink)
     if kind == "vllm":

@@ -20,10 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRequest, Sample
+from blendserve.engines.continuous import ContinuousBatch
+from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats, UpstreamOutcome
 
-__all__ = ["FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
+__all__ = ["LENGTHS", "FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
+
+#: Sample lengths by name, as ``LatencyModel.length``: the rendered text's words; chain of
+#: thought (lognormal(5.58, 0.30), about 265 tokens); a reasoning model (about 2,100).
+LENGTHS: dict[str, tuple[float, float] | None] = {
+    "text": None,
+    "cot": (5.58, 0.30),
+    "reasoning": (7.66, 0.50),
+}
 
 _REASONING = "Let me work through this step by step and check each part of the question."
 
@@ -42,6 +52,10 @@ class LatencyModel:
         length: completion tokens of a sample, log-normal: ``(mu, sigma)`` of
             their logarithm, drawn per sample (seeded; None: the rendered
             text's words). A request of n samples lasts as long as its longest.
+        step_cost: decode steps priced by width and context: the engine then
+            batches continuously (:class:`~blendserve.engines.continuous.ContinuousBatch`),
+            each sample lasting its own tokens, and ``fixed``/``per_token`` are unused.
+        time_scale: multiplies each modelled step's time.
     """
 
     fixed: float = 0.0
@@ -49,6 +63,8 @@ class LatencyModel:
     exponential_mean: float = 0.0
     max_concurrent_sequences: int | None = None
     length: tuple[float, float] | None = None
+    step_cost: StepCost | None = None
+    time_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -242,6 +258,14 @@ class ReplayEngine(Engine):
         self._fault_rng = random.Random(seed + 1)
         self._delay_rng = random.Random(seed + 2)
         self._batch = _Batch(self.latency, self.stats)
+        cost = self.latency.step_cost
+        self._continuous = (
+            None
+            if cost is None
+            else ContinuousBatch(
+                cost, self.latency.max_concurrent_sequences, self.latency.time_scale
+            )
+        )
         self.answer_kind = answer_kind
 
     def rendering(self, kind: str) -> Engine:
@@ -254,6 +278,8 @@ class ReplayEngine(Engine):
 
     def load(self) -> EngineLoad:
         """The modelled batch's load: its capacity, sequences running and waiting."""
+        if self._continuous is not None:
+            return self._continuous.load()
         return self._batch.load()
 
     def report_to(self, sink: Stats) -> None:
@@ -299,9 +325,12 @@ class ReplayEngine(Engine):
                 delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
             if self._fault_rng.random() < self.faults.slow_rate:
                 delay *= self.faults.slow_factor
-            await self._batch.run(request.n, delay)
             text = request.prompt if request.prompt is not None else str(request.messages)
             prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
+            if self._continuous is not None:
+                await self._continuous.run(prompt_tokens, tokens)
+            else:
+                await self._batch.run(request.n, delay)
             self.stats.samples += request.n
             outcome = "completed"
             self.sink.upstream_latency(self.name, time.monotonic() - started)

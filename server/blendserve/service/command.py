@@ -64,16 +64,19 @@ def read_settings(args: argparse.Namespace) -> Settings:
 
 
 def _check_data(settings: Settings) -> None:
-    """Reads the replay engine's data once before serving, so that a bad file is one line.
+    """Reads the replay engine's data and profile once before serving: a bad file is one line.
 
     Raises:
-        ValueError: the file cannot be read, or a line of it is not a record.
+        ValueError: a file cannot be read, or a line of it is not a record.
     """
     config = settings.engine_config()
     if config.resolved_kind() == "replay" and config.data is not None:
         from blendserve.engines.replay import ReplayEngine
+        from blendserve.engines.step_cost import load_step_cost
 
         ReplayEngine(config.data)
+        if config.replay_profile is not None:
+            load_step_cost(config.replay_profile)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_data(settings)
     except ValueError as exc:
-        print(f"blendserve serve: error: data: {exc}", file=sys.stderr)
+        print(f"blendserve serve: error: replay: {exc}", file=sys.stderr)
         return 2
     # On SIGTERM the server stops accepting, lets running jobs finish for
     # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.

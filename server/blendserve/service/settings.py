@@ -93,6 +93,20 @@ class Settings(BaseSettings):
     replay_per_token_latency_s: float = Field(
         0.0, ge=0, le=10, description="replay engine: seconds per completion token"
     )
+    replay_profile: str | None = Field(
+        None,
+        description="replay engine: batch continuously, each decode step priced by a profile "
+        "(a shipped name such as qwen2.5-7b-h100, or a JSONL file of batch/ctx/ms_median "
+        "points); --replay-capacity bounds the batch",
+    )
+    replay_time_scale: float = Field(
+        1.0, gt=0, le=1000, description="replay engine: multiplies each profiled step's time"
+    )
+    replay_lengths: Literal["text", "cot", "reasoning"] = Field(
+        "text",
+        description="replay engine: completion tokens a sample, the rendered text's words, or "
+        "log-normal as chain of thought (about 265) or a reasoning model (about 2,100)",
+    )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="/v1: mean samples per question")
     sc_policy: str = Field(DEFAULT_POLICY, description="/v1 grouped jobs' allocation policy")
@@ -261,5 +275,8 @@ class Settings(BaseSettings):
             replay_latency=self.replay_latency_s,
             replay_capacity=self.replay_capacity,
             replay_per_token_latency=self.replay_per_token_latency_s,
+            replay_profile=self.replay_profile,
+            replay_time_scale=self.replay_time_scale,
+            replay_lengths=self.replay_lengths,
             capacity=self.engine_capacity,
         )

@@ -1,0 +1,130 @@
+"""A continuously batching engine, modelled step by step on a decode-step cost profile.
+
+Every running sequence gains one token a decode step, and a step of ``B``
+sequences lasts what the :class:`~blendserve.engines.step_cost.StepCost` says
+for ``B`` and their mean context. Sequences join, first come first served, as
+soon as a slot frees (up to the capacity); each ends after its own number of
+tokens, and a cancelled one frees its slot at once. Time is the event loop's:
+real seconds (times ``scale``) in ``serve``, modelled seconds on the
+simulator's virtual clock. The prompt's prefill is not modelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from blendserve.engines.base import EngineLoad
+from blendserve.engines.step_cost import StepCost
+
+__all__ = ["ContinuousBatch"]
+
+_DONE = 1e-6  # tokens left below which a sequence has ended
+
+
+@dataclass(eq=False)
+class _Sequence:
+    left: float  # tokens still to decode
+    ctx: float  # tokens of context: the prompt and those decoded so far
+    ended: asyncio.Future[None] = field(repr=False)
+
+
+class ContinuousBatch:
+    """Sequences decoded together, step by step, joining as slots free.
+
+    Args:
+        cost: the decode-step cost.
+        capacity: sequences decoded at once (None: unlimited).
+        scale: multiplies every step's time (below 1: a faster engine).
+
+    Attributes:
+        steps: decode steps modelled so far (a fraction where a step was cut
+            by an arrival).
+        tokens: tokens decoded so far.
+        busy_s: seconds with at least one sequence running.
+    """
+
+    def __init__(self, cost: StepCost, capacity: int | None = None, scale: float = 1.0) -> None:
+        self.cost = cost
+        self.capacity = capacity
+        self.scale = scale
+        self.running: list[_Sequence] = []
+        self.waiting: deque[_Sequence] = deque()
+        self.steps = 0.0
+        self.tokens = 0.0
+        self.busy_s = 0.0
+        self._changed = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+
+    def step_s(self) -> float:
+        """Seconds of the next step of the sequences running now."""
+        width = len(self.running)
+        ctx = sum(s.ctx for s in self.running) / max(1, width)
+        return self.cost.step_ms(width, ctx) * self.scale / 1000.0
+
+    def load(self) -> EngineLoad:
+        """The capacity, the sequences running and those waiting for a slot."""
+        return EngineLoad(self.capacity, len(self.running), len(self.waiting))
+
+    async def run(self, prompt_tokens: int, lengths: list[int]) -> None:
+        """Decodes one sequence of each of ``lengths`` tokens; returns when all have ended.
+
+        Cancelled, its sequences leave the batch at once.
+        """
+        loop = asyncio.get_running_loop()
+        sequences = [
+            _Sequence(float(n), float(prompt_tokens), loop.create_future()) for n in lengths
+        ]
+        self.waiting.extend(sequences)
+        self._wake()
+        try:
+            await asyncio.gather(*(s.ended for s in sequences))
+        except asyncio.CancelledError:
+            for sequence in sequences:
+                if sequence in self.running:
+                    self.running.remove(sequence)
+                elif sequence in self.waiting:
+                    self.waiting.remove(sequence)
+                sequence.ended.cancel()
+            self._wake()
+            raise
+
+    def _wake(self) -> None:
+        """Tells the driver that the batch changed, starting it on this loop if none runs."""
+        self._changed.set()
+        if self._driver is None or self._driver.done():
+            self._changed = asyncio.Event()
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    def _admit(self) -> None:
+        while self.waiting and (self.capacity is None or len(self.running) < self.capacity):
+            self.running.append(self.waiting.popleft())
+
+    async def _drive(self) -> None:
+        """Decodes until nothing runs or waits: up to the next end, or a change of the batch."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._admit()
+            if not self.running:
+                return
+            step = max(self.step_s(), 1e-12)
+            until_end = min(s.left for s in self.running) * step
+            self._changed.clear()
+            started = loop.time()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), until_end)
+            elapsed = loop.time() - started
+            decoded = min(elapsed, until_end) / step
+            self.steps += decoded
+            self.busy_s += elapsed
+            for sequence in self.running:
+                sequence.left -= decoded
+                sequence.ctx += decoded
+                self.tokens += decoded
+            ended = [s for s in self.running if s.left <= _DONE]
+            self.running = [s for s in self.running if s.left > _DONE]
+            for sequence in ended:
+                if not sequence.ended.done():
+                    sequence.ended.set_result(None)
