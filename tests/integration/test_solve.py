@@ -299,6 +299,7 @@ def test_health_and_models(server: LiveServer) -> None:
         "engine": "replay",
         "upstreams": {"replay": True},
         "capacity": None,
+        "detail": None,
     }
     models = httpx.get(f"{server.url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "replay"

@@ -69,6 +69,7 @@ class _State:
     def __init__(self, max_jobs: int) -> None:
         self.limits = JobLimits(10, 100, 10.0, 1000)
         self.admission = Admission(max_jobs, 100)
+        self.engine = ReplayEngine([{"id": "q", "answers": ["1"]}])  # up: admission asks
 
 
 class _Request:
