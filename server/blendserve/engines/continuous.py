@@ -38,12 +38,6 @@ class ContinuousBatch:
         cost: the decode-step cost.
         capacity: sequences decoded at once (None: unlimited).
         scale: multiplies every step's time (below 1: a faster engine).
-
-    Attributes:
-        steps: decode steps modelled so far (a fraction where a step was cut
-            by an arrival).
-        tokens: tokens decoded so far.
-        busy_s: seconds with at least one sequence running.
     """
 
     def __init__(self, cost: StepCost, capacity: int | None = None, scale: float = 1.0) -> None:
@@ -52,9 +46,6 @@ class ContinuousBatch:
         self.scale = scale
         self.running: list[_Sequence] = []
         self.waiting: deque[_Sequence] = deque()
-        self.steps = 0.0
-        self.tokens = 0.0
-        self.busy_s = 0.0
         self._changed = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
 
@@ -117,12 +108,9 @@ class ContinuousBatch:
                 await asyncio.wait_for(self._changed.wait(), until_end)
             elapsed = loop.time() - started
             decoded = min(elapsed, until_end) / step
-            self.steps += decoded
-            self.busy_s += elapsed
             for sequence in self.running:
                 sequence.left -= decoded
                 sequence.ctx += decoded
-                self.tokens += decoded
             ended = [s for s in self.running if s.left <= _DONE]
             self.running = [s for s in self.running if s.left > _DONE]
             for sequence in ended:

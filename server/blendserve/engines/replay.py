@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blendserve._jsonl import read_jsonl
 from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRequest, Sample
 from blendserve.engines.continuous import ContinuousBatch
 from blendserve.engines.step_cost import StepCost
@@ -119,22 +120,7 @@ def render(answer: str | None, kind: str) -> tuple[str, str]:
 def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     if not isinstance(data, (str, Path)):
         return list(data)
-    records = []
-    path = Path(data)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read replay data {path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        where = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{where}: not UTF-8") from None
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-    return records
+    return [record for _, record in read_jsonl(Path(data), "replay data")]
 
 
 def _prompt_key(prompt: str | Sequence[int]) -> str:

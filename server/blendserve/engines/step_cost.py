@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from blendserve._jsonl import read_jsonl
+
 __all__ = ["SHIPPED", "StepCost", "load_step_cost"]
 
 _SHIPPED_FILE = "step_costs.json"
@@ -103,21 +105,11 @@ def load_step_cost(name_or_path: str | Path, model: str | None = None) -> StepCo
     if str(name_or_path) in SHIPPED:
         return SHIPPED[str(name_or_path)]
     path = Path(name_or_path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+    if not path.is_file():
         known = ", ".join(sorted(SHIPPED))
-        raise ValueError(
-            f"{name_or_path}: not a shipped profile ({known}) nor readable: {exc}"
-        ) from None
+        raise ValueError(f"{name_or_path}: not a shipped profile ({known}) nor a file")
     points = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            point = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, point in read_jsonl(path, "profile"):
         if not isinstance(point, dict):
             raise ValueError(f"{path}:{lineno}: not a JSON object")
         if model is None or point.get("model") == model:

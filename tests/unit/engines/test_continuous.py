@@ -118,6 +118,9 @@ def test_profiles_by_shipped_name_or_file(tmp_path: Path) -> None:
     profile.write_text("[1]\n", encoding="utf-8")
     with pytest.raises(ValueError, match=":1: not a JSON object"):
         load_step_cost(profile)
+    profile.write_text("\n" + "[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=":2: JSON nested too deep"):
+        load_step_cost(profile)
 
 
 def test_the_replay_engine_batches_continuously_on_a_profile() -> None:
