@@ -38,6 +38,7 @@ import asyncio
 import statistics
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ import httpx
 from bench_scheduler import serve
 from blendserve.answers import make_keyer
 from blendserve.engines.base import GenerateRequest, Sample
-from blendserve.engines.replay import LatencyModel
+from blendserve.engines.replay import LENGTHS, LatencyModel
+from blendserve.engines.step_cost import load_step_cost
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.service import Settings
 from blendserve.sim.clock import run_virtual
@@ -77,18 +79,33 @@ class _WaveEngine(StreamEngine):
     started: requests of one wave (a wave split at ``max_samples_per_request``) start together."""
 
     def __init__(
-        self, records: list[Record], seed: int, capacity: int, per_token: float, wave: float = 1.0
+        self,
+        records: list[Record],
+        seed: int,
+        capacity: int,
+        per_token: float,
+        wave: float = 1.0,
+        profile: str | None = None,
+        lengths: str = "cot",
     ) -> None:
-        latency = LatencyModel(
-            fixed=wave, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
-        )
+        if profile is None:
+            latency = LatencyModel(
+                fixed=wave, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
+            )
+        else:
+            latency = LatencyModel(
+                max_concurrent_sequences=capacity,
+                length=LENGTHS[lengths],
+                step_cost=load_step_cost(profile),
+            )
         super().__init__(records, seed, latency)
         self.starts: dict[str, set[float]] = {}
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         now = asyncio.get_running_loop().time()
         self.starts.setdefault(question_key(request), set()).add(now)
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample
 
 
 async def _job(
@@ -155,6 +172,8 @@ def measure(
     *,
     together: bool = False,
     per_token: float = 0.0,
+    profile: str | None = None,
+    lengths: str = "cot",
     **spec: Any,
 ) -> Run:
     """Every job alone on a fresh engine (``together``: all at once on one), ``reps`` seeds;
@@ -165,7 +184,7 @@ def measure(
     groups = [[r for job in jobs for r in job]] if together else jobs
     for seed in range(reps):
         for group in groups:
-            engine = _WaveEngine(group, seed, capacity, per_token)
+            engine = _WaveEngine(group, seed, capacity, per_token, profile=profile, lengths=lengths)
             chunks = jobs if together else [group]
             results, elapsed = run_virtual(_run(group, chunks, engine, b, seed, spec))
             wrong += sum(r[0] for r in results)
@@ -254,7 +273,7 @@ def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
     jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)]
     jobs = jobs[: args.jobs]
     for capacity in args.capacity:
-        options = {"per_token": args.per_token}
+        options = {"per_token": args.per_token, "profile": args.profile, "lengths": args.lengths}
         sc = measure(jobs, capacity, args.reps, None, **options)
         b, waves = least(jobs, capacity, args.reps, sc.error, **options)
         b0, fine = least(jobs, capacity, args.reps, sc.error, max_rounds=0, **options)
@@ -271,7 +290,10 @@ def load_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
     """One row per capacity: every job of the set at once, the engine full."""
     jobs = [records[i : i + size] for i in range(0, len(records), size)]
     for capacity in args.capacity:
-        options = {"per_token": args.per_token, "together": True}
+        options = {
+            "per_token": args.per_token, "profile": args.profile, "lengths": args.lengths,
+            "together": True,
+        }  # fmt: skip
         sc = measure(jobs, capacity, args.reps, None, **options)
         b, run = least(jobs, capacity, args.reps, sc.error, **options)
         speedup = sc.seconds / run.seconds
@@ -330,10 +352,14 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help="the load table instead")
     parser.add_argument("--per-token", type=float, default=0.0, help="modelled seconds a token")
     parser.add_argument("--http", action="store_true", help="the HTTP table instead")
+    parser.add_argument("--profile", help="a decode-step profile: continuous batching, seconds")
+    parser.add_argument("--lengths", default="cot", choices=["cot", "reasoning"])
     parser.add_argument("--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a wave")
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
     header, rows = TABLES["http" if args.http else "load" if args.load else "idle"]
+    if args.profile:
+        header = header.replace("waves", "seconds")
     columns = header.count("|") - 1
     print(header)
     print("|---" * columns + "|")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -137,10 +137,11 @@ class CountingReplayEngine(ReplayEngine):
         """Reports to ``sink``, keeping the pools' rounds on the way."""
         super().report_to(cast(Stats, _PoolRounds(sink, self.pool_rounds)))
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         """Counts the request against its question, then serves it."""
         self.requests_per_question[question_key(request)] += 1
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample
 
 
 class StreamEngine(CountingReplayEngine):

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -204,8 +205,9 @@ def test_a_reply_nested_too_deep_is_an_upstream_error_and_every_sample_is_accoun
 class _BuggyEngine(ReplayEngine):
     """An engine with a bug: what it raises is no engine error."""
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         raise RuntimeError("a secret of the server's internals")
+        yield  # an async generator, like the replay engine's
 
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/solve"])

@@ -10,7 +10,7 @@ import json
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -371,12 +371,13 @@ class _GatedReplay(ReplayEngine):
         self._gate: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         if request.prompt == self.gated:
             if self._gate is None:
                 self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
             await self._gate.wait()
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample
 
     def open(self) -> None:
         """Lets the gated requests through (from the test's thread)."""

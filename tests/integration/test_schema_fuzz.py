@@ -7,7 +7,7 @@ type and body must be the ones the schema declares for it.
 """
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -61,8 +61,9 @@ class _EveryQuestionReplay(ReplayEngine):
     """The replay engine answering every question, whatever its id or prompt, from one
     recorded distribution (generated questions match no recorded one)."""
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
-        return await super().replay(replace(request, question_id="any"), kind)
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
+        async for sample in super().replay_stream(replace(request, question_id="any"), kind):
+            yield sample
 
 
 @pytest.fixture(scope="module")

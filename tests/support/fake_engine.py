@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
@@ -84,8 +84,9 @@ class SeedRecordingEngine(ReplayEngine):
         super().__init__(records)
         self.seeds: dict[str, list[int]] = {}
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         assert request.params.seed is not None and request.question_id is not None
         seeds = self.seeds.setdefault(request.question_id, [])
         seeds += [request.params.seed + i for i in range(request.n)]
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample

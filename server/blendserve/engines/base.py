@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -230,6 +230,17 @@ class Engine(ABC):
             EngineUnavailable: no upstream could serve.
             EngineProtocolError: an upstream answered unusably.
         """
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """The request's samples, each handed over as it ends (at most ``request.n``).
+
+        Votes can then be counted while the rest still run, and a question
+        settled meanwhile need not wait for its stragglers: closing the
+        iterator early cancels the samples still running. By default every
+        sample comes at once, when :meth:`generate` returns; raises as it does.
+        """
+        for sample in await self.generate(request):
+            yield sample
 
     @abstractmethod
     async def health(self) -> EngineHealth:

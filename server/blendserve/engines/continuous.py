@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from blendserve.engines.base import EngineLoad
@@ -59,28 +60,38 @@ class ContinuousBatch:
         """The capacity, the sequences running and those waiting for a slot."""
         return EngineLoad(self.capacity, len(self.running), len(self.waiting))
 
-    async def run(self, prompt_tokens: int, lengths: list[int]) -> None:
-        """Decodes one sequence of each of ``lengths`` tokens; returns when all have ended.
+    async def ends(self, prompt_tokens: int, lengths: list[int]) -> AsyncGenerator[int, None]:
+        """Decodes one sequence of each of ``lengths`` tokens, yielding each one's index as it ends.
 
-        Cancelled, its sequences leave the batch at once.
+        Closed or cancelled early, the sequences still running or waiting leave
+        the batch at once.
         """
         loop = asyncio.get_running_loop()
         sequences = [
             _Sequence(float(n), float(prompt_tokens), loop.create_future()) for n in lengths
         ]
+        index = {sequence.ended: i for i, sequence in enumerate(sequences)}
         self.waiting.extend(sequences)
         self._wake()
+        pending: set[asyncio.Future[None]] = set(index)
         try:
-            await asyncio.gather(*(s.ended for s in sequences))
-        except asyncio.CancelledError:
-            for sequence in sequences:
-                if sequence in self.running:
-                    self.running.remove(sequence)
-                elif sequence in self.waiting:
-                    self.waiting.remove(sequence)
-                sequence.ended.cancel()
-            self._wake()
-            raise
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for i in sorted(index[future] for future in done):
+                    yield i
+        finally:
+            if pending:
+                self._leave([s for s in sequences if not s.ended.done()])
+
+    def _leave(self, sequences: list[_Sequence]) -> None:
+        """Takes ``sequences`` out of the batch, running or waiting, and frees their slots."""
+        for sequence in sequences:
+            if sequence in self.running:
+                self.running.remove(sequence)
+            elif sequence in self.waiting:
+                self.waiting.remove(sequence)
+            sequence.ended.cancel()
+        self._wake()
 
     def _wake(self) -> None:
         """Tells the driver that the batch changed, starting it on this loop if none runs."""

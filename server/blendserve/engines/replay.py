@@ -10,11 +10,12 @@ model imitates an engine's batch; fault injection imitates a bad upstream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -290,9 +291,20 @@ class ReplayEngine(Engine):
         return await self.replay(request, self.answer_kind)
 
     async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
-        """``request.n`` recorded answers rendered for ``kind``, after the modelled delay.
+        """``request.n`` recorded answers rendered for ``kind``, once the last has ended."""
+        return [sample async for sample in self.replay_stream(request, kind)]
 
-        Every request comes through here, from :meth:`generate` or a
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """Each drawn answer as its modelled sample ends (see :meth:`replay_stream`)."""
+        async for sample in self.replay_stream(request, self.answer_kind):
+            yield sample
+
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
+        """``request.n`` recorded answers rendered for ``kind``, each as its modelled time ends.
+
+        Under a step-cost profile each sample ends at its own time; otherwise
+        all of them end together, after the request's modelled delay. Every
+        request comes through here, from :meth:`generate`, :meth:`stream` or a
         :meth:`rendering`: the place for a test double to hook.
         """
         recorded = self._lookup(request)
@@ -306,30 +318,40 @@ class ReplayEngine(Engine):
             await self._fault(request)
             texts = [render(a, kind) for a in drawn]
             tokens = self._lengths(texts)
-            delay = self.latency.fixed + self.latency.per_token * max(tokens)
-            if self.latency.exponential_mean > 0:
-                delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
-            if self._fault_rng.random() < self.faults.slow_rate:
-                delay *= self.faults.slow_factor
             text = request.prompt if request.prompt is not None else str(request.messages)
             prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
-            if self._continuous is not None:
-                await self._continuous.run(prompt_tokens, tokens)
-            else:
-                await self._batch.run(request.n, delay)
-            self.stats.samples += request.n
-            outcome = "completed"
-            self.sink.upstream_latency(self.name, time.monotonic() - started)
-            return [
+            samples = [
                 Sample(text, finish, prompt_tokens, count, self.name)
                 for (text, finish), count in zip(texts, tokens, strict=True)
             ]
-        except asyncio.CancelledError:
+            if self._continuous is not None:
+                ends = self._continuous.ends(prompt_tokens, tokens)
+                async with contextlib.aclosing(ends):
+                    async for i in ends:
+                        self.stats.samples += 1
+                        yield samples[i]
+            else:
+                await self._batch.run(request.n, self._delay(tokens))
+                for sample in samples:
+                    self.stats.samples += 1
+                    yield sample
+            outcome = "completed"
+            self.sink.upstream_latency(self.name, time.monotonic() - started)
+        except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
             raise
         finally:
             self.stats.in_flight -= 1
             self.sink.upstream_samples(self.name, outcome, request.n)
+
+    def _delay(self, tokens: list[int]) -> float:
+        """Seconds a request of samples of ``tokens`` lasts under the fixed-wave model."""
+        delay = self.latency.fixed + self.latency.per_token * max(tokens)
+        if self.latency.exponential_mean > 0:
+            delay += self._delay_rng.expovariate(1.0 / self.latency.exponential_mean)
+        if self._fault_rng.random() < self.faults.slow_rate:
+            delay *= self.faults.slow_factor
+        return delay
 
     def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
         """The ``request.n`` recorded answers to serve, drawn with replacement."""
@@ -389,6 +411,11 @@ class _Rendering(Engine):
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """The engine's samples, rendered for this view's answer format."""
         return await self.engine.replay(request, self.kind)
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """The engine's samples as each ends, rendered for this view's answer format."""
+        async for sample in self.engine.replay_stream(request, self.kind):
+            yield sample
 
     def load(self) -> EngineLoad:
         """The engine's load."""

@@ -45,6 +45,7 @@ request itself ends it at once; other errors (a bug) after the streak.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import (
     AsyncGenerator,
@@ -52,11 +53,12 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
+from dataclasses import dataclass
 
 from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy
 from blendserve.core.waves import WavePlan
-from blendserve.engines.base import Engine, Sample
+from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import (
     AnswerEvent,
@@ -71,6 +73,14 @@ from blendserve.scheduler.spec import JobSpec, Keyer
 from blendserve.stats import JobReport, Stats
 
 __all__ = ["Job"]
+
+
+@dataclass(eq=False)
+class _Request:
+    """An engine request in flight: its question, and the samples it has yet to deliver."""
+
+    question: int
+    left: int
 
 
 class _AnswerSweeper:
@@ -140,8 +150,10 @@ class Job:
         self._usage = Usage()
         self._num_answered = 0
         self._cancelled: str | None = None  # why cancel() ended the job
-        # task -> (question index, samples requested)
-        self._in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]] = {}
+        self._in_flight: dict[asyncio.Task[None], _Request] = {}
+        # Samples as they end, and a request's end (None), in the order they came.
+        self._arrivals: asyncio.Queue[tuple[asyncio.Task[None], Sample | None]] = asyncio.Queue()
+        self._replan = False  # a question's wave is all back: the plan may send it another
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
         self._rounds = [0] * self._num_questions  # waves each question was sent
@@ -158,8 +170,8 @@ class Job:
     def _stop(self, q: int) -> None:
         """No more samples for ``q``; its requests in flight are cancelled (and refunded)."""
         self.policy.stop(q)
-        for task, (question, _) in self._in_flight.items():
-            if question == q:
+        for task, request in self._in_flight.items():
+            if request.question == q:
                 task.cancel()
 
     def cancel(self, reason: str) -> None:
@@ -199,9 +211,12 @@ class Job:
                         await asyncio.sleep(backoff)
                         continue
                     break
-                for task in await self._returned(failures, backoff):
-                    q = await self._complete(task, failures, loop.time)
-                    if failures.error is None:
+                for task, sample in await self._arrived(failures, backoff):
+                    if sample is None:
+                        q = self._complete(task, failures, loop.time)
+                    else:
+                        q = await self._take(task, sample)
+                    if q is not None and failures.error is None:
                         candidates = sweeper.candidates(q, self.policy)
                         cut = self._cancelled is not None
                         for event in self._final_answers(candidates, partial=cut):
@@ -218,54 +233,70 @@ class Job:
         finally:
             await self._wind_down()
 
-    async def _complete(
-        self,
-        task: asyncio.Task[list[Sample]],
-        failures: FailureStreak,
-        clock: Callable[[], float],
-    ) -> int:
-        """Accounts one finished request and returns its question.
+    def _complete(
+        self, task: asyncio.Task[None], failures: FailureStreak, clock: Callable[[], float]
+    ) -> int | None:
+        """Accounts one ended request and returns its question (None: accounted already).
 
-        Its samples are recorded, or refunded if it was cancelled (abandoned,
-        not a failure) or failed (an ``EngineError`` or an engine's bug: retried
-        after a backoff; the failure that ends the job cancels the rest).
+        Its samples came as they ended; those it did not deliver are refunded,
+        whether it was cancelled (abandoned, not a failure), returned too few,
+        or failed (an ``EngineError`` or an engine's bug: retried after a
+        backoff; the failure that ends the job cancels the rest).
         """
-        q, n = self._in_flight.pop(task)
-        self.sink.in_flight(-n)
-        self.engine.sequences_in_flight -= n
+        request = self._in_flight.pop(task, None)
+        if request is None:
+            return None
+        left = request.left
+        self.sink.in_flight(-left)
+        self.engine.sequences_in_flight -= left
+        self._refund(request.question, left)
         exc = None if task.cancelled() else task.exception()
-        if task.cancelled():
-            self._refund(q, n)
-        elif exc is None:
-            failures.succeeded()
-            await self._record(q, task.result(), n)
-        else:
-            self._refund(q, n)
-            if failures.failed(exc, clock()):
-                for other in self._in_flight:  # refunded when they end, never counted
-                    other.cancel()
-        return q
+        if exc is None:
+            if not task.cancelled():
+                failures.succeeded()
+        elif failures.failed(exc, clock()):
+            for other in self._in_flight:  # refunded when they end, never counted
+                other.cancel()
+        return request.question
 
-    async def _returned(
+    async def _take(self, task: asyncio.Task[None], sample: Sample) -> int | None:
+        """Records one sample as it ends and returns its question (None: not awaited)."""
+        request = self._in_flight.get(task)
+        if request is None or not request.left:
+            return None  # the job wound down, or the engine sent more than asked
+        request.left -= 1
+        self.sink.in_flight(-1)
+        self.engine.sequences_in_flight -= 1
+        await self._record(request.question, sample)
+        return request.question
+
+    async def _arrived(
         self, failures: FailureStreak, backoff: float
-    ) -> list[asyncio.Task[list[Sample]]]:
-        """Requests that came back, in the order they were sent (a set's order would differ from
-        run to run), waited for until the backoff ends or the failure streak's deadline passes
-        (the job then gives up: its requests are cancelled, and refunded)."""
+    ) -> list[tuple[asyncio.Task[None], Sample | None]]:
+        """Samples and request ends that came, in the order they came, waited for until the
+        backoff ends or the failure streak's deadline passes (the job then gives up: its
+        requests are cancelled, and refunded as they end)."""
         now = asyncio.get_running_loop().time
         waits = [backoff] if backoff > 0 else []
         deadline = failures.deadline()
         if deadline is not None:
             waits.append(max(0.0, deadline - now()))
-        done, _ = await asyncio.wait(
-            self._in_flight,
-            timeout=min(waits) if waits else None,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        if not done and failures.expired(now()):
-            for task in self._in_flight:
-                task.cancel()
-        return [task for task in self._in_flight if task in done]
+        arrivals = self._arrivals
+        if arrivals.empty():
+            try:
+                async with asyncio.timeout(min(waits) if waits else None):
+                    first = await arrivals.get()
+            except TimeoutError:
+                if failures.expired(now()):
+                    for task in self._in_flight:
+                        task.cancel()
+                return []
+            arrived = [first]
+        else:
+            arrived = []
+        while not arrivals.empty():
+            arrived.append(arrivals.get_nowait())
+        return arrived
 
     def _refund(self, q: int, n: int) -> None:
         for _ in range(n):
@@ -300,7 +331,7 @@ class Job:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
         # Accounted before awaiting: a second cancellation may cut the wait short.
-        sequences = sum(n for _, n in in_flight.values())
+        sequences = sum(request.left for request in in_flight.values())
         self.sink.in_flight(-sequences)
         self.engine.sequences_in_flight -= sequences
         self._report.end(
@@ -322,7 +353,7 @@ class Job:
         # Two at least, so that one slow sample does not hold up a small job.
         return min(self.spec.concurrency, max(2, informed))
 
-    def _dispatch(self, in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]) -> None:
+    def _dispatch(self, in_flight: dict[asyncio.Task[None], _Request]) -> None:
         """Sends the plan's waves while the engine has room for more than the sample-by-sample
         limit (:meth:`_dispatch_waves`); else fills the free slots one decision at a time, a
         question chosen k times getting ``n=k``."""
@@ -331,10 +362,11 @@ class Job:
         if self._plan is not None:
             free = self.engine.load().free
             if free > limit - policy.num_pending:
-                # A wave is planned once the last one is back: a plan made on the part
-                # that came back first (on a real engine, the shortest samples) stops
-                # questions on too few votes.
-                if not policy.num_pending:
+                # A question's next wave is planned once its last one is all back:
+                # a plan made on the part that came back first (on a real engine,
+                # the shortest samples) would stop it on too few votes.
+                if self._replan or not policy.num_pending:
+                    self._replan = False
                     self._send(self._dispatch_waves(self._plan, free), in_flight)
                 return
         sizes: dict[int, int] = {}
@@ -371,9 +403,7 @@ class Job:
             rounds[q] = max(rounds[q], furthest)
         return sizes
 
-    def _send(
-        self, sizes: dict[int, int], in_flight: dict[asyncio.Task[list[Sample]], tuple[int, int]]
-    ) -> None:
+    def _send(self, sizes: dict[int, int], in_flight: dict[asyncio.Task[None], _Request]) -> None:
         """One engine request of ``n = size`` per question (split at the request limit)."""
         policy = self.policy
         limit = self.spec.max_samples_per_request
@@ -384,31 +414,45 @@ class Job:
                 size -= n
                 request = self.spec.questions[q].request(n, first, self.spec)
                 first += n
-                task = asyncio.ensure_future(self.engine.generate(request))
-                in_flight[task] = (q, n)
+                task = asyncio.ensure_future(self._stream(request))
+                task.add_done_callback(self._ended)
+                in_flight[task] = _Request(q, n)
                 self.sink.in_flight(n)
                 self.engine.sequences_in_flight += n
 
-    async def _record(self, q: int, samples: list[Sample], requested: int) -> None:
+    async def _stream(self, request: GenerateRequest) -> None:
+        """Hands the job each sample of ``request`` as it ends."""
+        task = asyncio.current_task()
+        assert task is not None
+        samples = self.engine.stream(request)
+        async with contextlib.aclosing(samples):
+            async for sample in samples:
+                self._arrivals.put_nowait((task, sample))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Tells the job a request ended, after the samples it delivered."""
+        self._arrivals.put_nowait((task, None))
+
+    async def _record(self, q: int, sample: Sample) -> None:
         state = self._states.get(q)
         if state is None:
             state = self._states[q] = Ballots()
-        for sample in samples[:requested]:
-            key = await state.add(sample, self.keyer)
-            self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
-            self._usage.add(
-                Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
-            )
-            self.policy.observe(q, key)
-        for _ in range(requested - min(requested, len(samples))):
-            self.policy.cancel(q)  # an engine that returned too few: refund, never lose
+        key = await state.add(sample, self.keyer)
+        self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
+        self._usage.add(
+            Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
+        )
+        self.policy.observe(q, key)
+        pending = self.policy.num_pending_of[q]
         if state.stop_if_cut():
             self._stop(q)  # answered once its cancelled requests are refunded
-        elif self.policy.is_settled(q) and self.policy.num_pending_of[q]:
+        elif self.policy.is_settled(q) and pending:
             # Its samples still out cannot unsettle it: they stop, and their budget
             # goes back to the questions still open.
-            self._num_cut += self.policy.num_pending_of[q]
+            self._num_cut += pending
             self._stop(q)
+        elif not pending:
+            self._replan = True
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False

@@ -25,6 +25,7 @@ the least sure questions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import math
@@ -44,6 +45,7 @@ from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import AnswerEvent
 from blendserve.scheduler.failures import FailureStreak
 from blendserve.scheduler.spec import Keyer, Question
+from blendserve.scheduler.streams import merged
 from blendserve.stats import Stats
 
 __all__ = ["SHARED_CLIENT", "ClientPacing", "Pool", "PoolSpec"]
@@ -151,7 +153,7 @@ class _Open:
     paced: int = 0  # samples reported to the pacing controller
     first_keys: list[str | None] = field(default_factory=list)  # its first PROBE keys
     cut: bool = False  # Pool.cancel ended it
-    wave: asyncio.Task[list[Sample]] | None = None  # its requests in flight
+    wave: asyncio.Task[None] | None = None  # its requests in flight
 
 
 class Pool:
@@ -292,7 +294,9 @@ class Pool:
                 if wave == 0:
                     break
                 wave = min(wave, self.spec.concurrency)  # a smaller wave never overshoots
-                samples_task = state.wave = asyncio.ensure_future(self._wave(state, wave, rule))
+                samples_task = state.wave = asyncio.ensure_future(
+                    self._wave(state, wave, rule, log_tau)
+                )
                 deadline = failures.deadline()
                 wait_s = None if deadline is None else max(0.0, deadline - clock())
                 try:
@@ -303,22 +307,24 @@ class Pool:
                     if not samples_task.done():  # cancelled, or past the streak's deadline
                         samples_task.cancel()
                         await asyncio.gather(samples_task, return_exceptions=True)
+                # The wave's samples were counted as they came, whatever ended it.
+                if state.votes.num_samples[0] > n:
+                    state.rounds += 1
+                    threshold.spend(n, state.votes.num_samples[0])
+                    state.paced = state.votes.num_samples[0]
                 if not done and failures.expired(clock()) and failures.cause is not None:
                     return self._give_up(state, n, failures, failures.cause)
                 if samples_task.cancelled():
                     continue  # cut by cancel()
-                try:
-                    samples = samples_task.result()
-                except EngineError as exc:
+                exc = samples_task.exception()
+                if isinstance(exc, EngineError):
                     if failures.failed(exc, clock()):
                         return self._give_up(state, n, failures, exc)
                     await asyncio.sleep(failures.backoff(clock()))
                     continue
+                if exc is not None:
+                    raise exc
                 failures.succeeded()
-                state.rounds += 1
-                await self._record(state, samples)
-                threshold.spend(n, state.votes.num_samples[0])
-                state.paced = state.votes.num_samples[0]
                 if state.ballots.stop_if_cut():  # not paced: its spend says nothing of tau
                     return self._answer(state, partial=False, capped=False)
             # Stopped below tau, else at the cap (the same tau decided both).
@@ -350,14 +356,20 @@ class Pool:
             raise type(exc)(failures.error) from exc
         return self._answer(state, partial=True, capped=False)
 
-    async def _wave(self, state: _Open, wave: int, rule: StoppingRule) -> list[Sample]:
-        """Requests ``wave`` samples once the pool has room for them."""
+    async def _wave(self, state: _Open, wave: int, rule: StoppingRule, log_tau: float) -> None:
+        """Requests ``wave`` samples once the pool has room, counting each vote as it ends.
+
+        Once the question would stop at ``log_tau``, or its samples keep being
+        cut, the samples still running are cancelled: they could not change
+        its answer, and their slots go to other questions at once.
+        """
         # Every question's first wave goes first, then the least sure questions.
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self._acquire(wave, priority)
         self.sink.in_flight(wave)
         self.engine.sequences_in_flight += wave
+        left = wave
         try:
             sizes = [self.spec.max_samples_per_request] * (
                 wave // self.spec.max_samples_per_request
@@ -366,16 +378,26 @@ class Pool:
                 sizes.append(wave % self.spec.max_samples_per_request)
             # The sample index each request starts at (seeded requests shift their seed).
             starts = itertools.accumulate(sizes[:-1], initial=state.votes.num_samples[0])
-            pairs = zip(sizes, starts, strict=True)
-            requests = (
-                self.engine.generate(state.question.request(k, i, self.spec)) for k, i in pairs
-            )
-            results = await asyncio.gather(*requests)
-            return [s for result in results for s in result]
+            requests = [
+                state.question.request(k, i, self.spec) for k, i in zip(sizes, starts, strict=True)
+            ]
+            samples = merged(self.engine, requests)
+            async with contextlib.aclosing(samples):
+                async for ended in samples:
+                    left -= len(ended)
+                    self.sink.in_flight(-len(ended))
+                    self.engine.sequences_in_flight -= len(ended)
+                    self._release(len(ended))
+                    for sample in ended:
+                        await self._record(state, sample)
+                    votes = state.votes
+                    done = rule.is_done(*votes.state(0), votes.num_samples[0], log_tau)
+                    if left and (done or state.ballots.is_cut):
+                        break
         finally:
-            self.sink.in_flight(-wave)
-            self.engine.sequences_in_flight -= wave
-            self._release(wave)
+            self.sink.in_flight(-left)
+            self.engine.sequences_in_flight -= left
+            self._release(left)
 
     async def _acquire(self, wave: int, priority: float) -> None:
         need = wave
@@ -405,13 +427,12 @@ class Pool:
             self._free -= need
             future.set_result(None)
 
-    async def _record(self, state: _Open, samples: list[Sample]) -> None:
-        for sample in samples:
-            key = await state.ballots.add(sample, state.pacing.keyer)
-            self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
-            state.votes.add(0, key)
-            if len(state.first_keys) < PROBE:
-                state.first_keys.append(key)
+    async def _record(self, state: _Open, sample: Sample) -> None:
+        key = await state.ballots.add(sample, state.pacing.keyer)
+        self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
+        state.votes.add(0, key)
+        if len(state.first_keys) < PROBE:
+            state.first_keys.append(key)
 
     def _answer(self, state: _Open, *, partial: bool, capped: bool) -> AnswerEvent:
         event = state.ballots.answer_event(

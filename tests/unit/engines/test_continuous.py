@@ -18,12 +18,18 @@ from blendserve.sim.clock import run_virtual
 FLAT = StepCost(base_ms=10.0, per_sequence_ms=1.0, per_sequence_context_ms=0.0)
 
 
+async def _drain(batch: ContinuousBatch, prompt_tokens: int, lengths: list[int]) -> None:
+    """Decodes the sequences until every one has ended."""
+    async for _ in batch.ends(prompt_tokens, lengths):
+        pass
+
+
 def _ends(batch: ContinuousBatch, requests: list[tuple[float, list[int]]]) -> list[float]:
     """When each request (its arrival, its samples' lengths) ends, in modelled seconds."""
 
     async def one(at: float, lengths: list[int]) -> float:
         await asyncio.sleep(at)
-        await batch.run(0, lengths)
+        await _drain(batch, 0, lengths)
         return asyncio.get_running_loop().time()
 
     async def scenario() -> list[float]:
@@ -59,8 +65,8 @@ def test_a_cancelled_request_frees_its_slots_at_once() -> None:
     batch = ContinuousBatch(FLAT, capacity=1, scale=2.0)
 
     async def scenario() -> float:
-        hog = asyncio.ensure_future(batch.run(0, [1000]))
-        queued = asyncio.ensure_future(batch.run(0, [10]))
+        hog = asyncio.ensure_future(_drain(batch, 0, [1000]))
+        queued = asyncio.ensure_future(_drain(batch, 0, [10]))
         await asyncio.sleep(0.1)
         assert batch.load().running == 1 and batch.load().waiting == 1
         hog.cancel()
@@ -78,7 +84,7 @@ def test_context_makes_steps_longer() -> None:
     batch = ContinuousBatch(cost)
 
     async def long_prompt() -> float:
-        await batch.run(4000, [10])
+        await _drain(batch, 4000, [10])
         return asyncio.get_running_loop().time()
 
     ended, _ = run_virtual(long_prompt())

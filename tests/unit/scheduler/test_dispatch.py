@@ -2,6 +2,7 @@
 
 import random
 import statistics
+from collections.abc import AsyncIterator
 from typing import Any
 
 from blendserve.core import PolicySpec
@@ -28,12 +29,13 @@ class CoverageCheckingEngine(ReplayEngine):
     job: Job | None = None
     violations = 0
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         assert self.job is not None
         assigned = self.job.policy.num_assigned
         if max(assigned) >= 2 and min(assigned) == 0:
             self.violations += 1
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample
 
 
 def _records(num_questions: int, seed: int) -> list[dict[str, Any]]:

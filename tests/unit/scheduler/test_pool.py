@@ -5,6 +5,7 @@ import itertools
 import math
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -94,9 +95,10 @@ class _CountingEngine(ReplayEngine):
         super().__init__(*args, **kwargs)
         self.requests_per_question: Counter[str | None] = Counter()
 
-    async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
+    async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         self.requests_per_question[request.question_id] += 1
-        return await super().replay(request, kind)
+        async for sample in super().replay_stream(request, kind):
+            yield sample
 
 
 def test_each_question_takes_at_most_max_rounds_waves() -> None:
