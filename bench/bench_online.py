@@ -2,12 +2,14 @@
 
 Usage: python bench/bench_online.py [DATA_DIR] [--questions 300] [--concurrency 1,8,64]
     [--synthetic flat,many,mixed] [--files none] [--max-rounds 4,0] [--modes online]
-    [--passes 1]
+    [--passes 1] [--profile qwen2.5-7b-h100] [--lengths cot] [--time-scale 0.05]
 
 For each recorded set (questions in a seeded random order), a real uvicorn
 server on loopback over the replay engine (``--latency`` seconds a request)
 answers chat completions sent by ``openai.AsyncOpenAI`` at each client
-concurrency, in each of ``--modes``: the default online mode, the 50 ms
+concurrency (``--profile``: the engine batches continuously, each step
+priced by a decode-step profile and run ``--time-scale`` times as fast,
+latencies reported in modelled time), in each of ``--modes``: the default online mode, the 50 ms
 grouping window (``sc_mode=grouped``), and ``sc``, plain SC@32 asked through
 the same endpoint (``policy: sc`` with 32 samples a question, sent at once:
 two requests of 16 in one wave). Prints mean samples per question, reducible
@@ -45,7 +47,8 @@ from typing import Any
 import numpy as np
 import openai
 import uvicorn
-from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.engines.replay import LENGTHS, LatencyModel, ReplayEngine
+from blendserve.engines.step_cost import load_step_cost
 from blendserve.service import Settings, create_app
 from blendserve.sim.data import Dataset
 from blendserve.sim.efficiency import sample_efficiency
@@ -171,6 +174,7 @@ async def _ask_all(
                     extra_body=options,
                 )
                 vote = (reply.model_extra or {})["blendserve"]
+                vote["tokens"] = reply.usage.completion_tokens if reply.usage else 0
                 vote["correct"] = vote["answer"] == str(record["mode"])
                 results.append((time.perf_counter() - start, vote))
 
@@ -194,7 +198,7 @@ class QuestionSet:
     questions: list[dict[str, Any]]
     budget: float
     sc_error: float
-    engine: Callable[[int, float], CountingReplayEngine]
+    engine: Callable[[int, LatencyModel], CountingReplayEngine]
 
 
 def recorded_set(path: Path, limit: int) -> QuestionSet:
@@ -206,9 +210,7 @@ def recorded_set(path: Path, limit: int) -> QuestionSet:
         records,
         BUDGETS[path.name],
         sc_error(_recorded_distributions(records), modes),
-        lambda seed, latency: CountingReplayEngine(
-            records, seed=seed, latency=LatencyModel(fixed=latency)
-        ),
+        lambda seed, latency: CountingReplayEngine(records, seed=seed, latency=latency),
     )
 
 
@@ -223,9 +225,7 @@ def synthetic_set(family: str, limit: int, seed: int, reps: int) -> QuestionSet:
         [{"id": r.id, "mode": r.mode} for r in records],
         sim_budget(records, reps),
         sc_error(distributions, [r.mode for r in records]),
-        lambda engine_seed, latency: StreamEngine(
-            records, engine_seed, LatencyModel(fixed=latency)
-        ),
+        lambda engine_seed, latency: StreamEngine(records, engine_seed, latency),
     )
 
 
@@ -233,7 +233,7 @@ def run(
     questions: QuestionSet,
     mode: str,
     concurrency: int,
-    latency: float,
+    latency: LatencyModel,
     max_rounds: int,
     engine_seed: int = 0,
 ) -> dict[str, Any]:
@@ -258,7 +258,7 @@ def run(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-    latencies = np.array([t for t, _ in results])
+    latencies = np.array([t for t, _ in results]) / latency.time_scale
     samples = np.array([v["samples"] for _, v in results])
     running = np.cumsum(samples) / np.arange(1, len(samples) + 1)
 
@@ -272,6 +272,7 @@ def run(
     )
     return {
         "samples": float(samples.mean()),
+        "tokens": float(np.mean([v["tokens"] for _, v in results])),
         "error": 1 - float(np.mean([v["correct"] for _, v in results])),
         "p50_ms": 1000 * float(np.percentile(latencies, 50)),
         "p99_ms": 1000 * float(np.percentile(latencies, 99)),
@@ -302,6 +303,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per engine request")
+    parser.add_argument(
+        "--profile", help="a decode-step profile: continuous batching instead of --latency"
+    )
+    parser.add_argument("--lengths", default="cot", choices=["cot", "reasoning"])
+    parser.add_argument(
+        "--time-scale", type=float, default=0.05, help="with --profile: real seconds a modelled one"
+    )
     parser.add_argument("--modes", default="online,grouped")
     parser.add_argument(
         "--max-rounds", default="4", help="the server's default_max_rounds, each (0: no bound)"
@@ -320,6 +328,13 @@ def main() -> None:
         "--sim-reps", type=int, default=10, help="simulator repetitions finding a family's budget"
     )
     args = parser.parse_args()
+    latency = LatencyModel(fixed=args.latency)
+    if args.profile:
+        latency = LatencyModel(
+            step_cost=load_step_cost(args.profile),
+            length=LENGTHS[args.lengths],
+            time_scale=args.time_scale,
+        )
     sets: list[Callable[[], QuestionSet]] = []
     if args.files != "none":
         sets += [
@@ -331,10 +346,11 @@ def main() -> None:
         for family in filter(None, args.synthetic.split(","))
     ]
     print(
-        "| data | mode | max_rounds | clients | budget | samples/q | error | SC@32 error "
-        "| p50 ms | p99 ms | rounds/q | rounds p50/p95 | requests/q | pacing @100/200/500 |"
+        "| data | mode | max_rounds | clients | budget | samples/q | tokens/q | error "
+        "| SC@32 error | p50 ms | p99 ms | rounds/q | rounds p50/p95 | requests/q "
+        "| pacing @100/200/500 |"
     )
-    print("|" + "---|" * 14)
+    print("|" + "---|" * 15)
     for make in sets:
         questions = make()
         for concurrency in (int(c) for c in args.concurrency.split(",")):
@@ -343,14 +359,15 @@ def main() -> None:
             ):
                 row = _mean_of_passes(
                     [
-                        run(questions, mode, concurrency, args.latency, rounds, 7919 * k)
+                        run(questions, mode, concurrency, latency, rounds, 7919 * k)
                         for k in range(args.passes)
                     ]
                 )
                 p50, p95 = row["rounds_p50_p95"]
                 print(
                     f"| {questions.name} | {mode} | {rounds} | {concurrency} "
-                    f"| {questions.budget:g} | {row['samples']:.2f} | {row['error']:.3f} "
+                    f"| {questions.budget:g} | {row['samples']:.2f} | {row['tokens']:.0f} "
+                    f"| {row['error']:.3f} "
                     f"| {questions.sc_error:.3f} "
                     f"| {row['p50_ms']:.0f} | {row['p99_ms']:.0f} | {row['rounds']:.2f} "
                     f"| {p50:.0f} / {p95:.0f} "

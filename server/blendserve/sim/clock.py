@@ -44,5 +44,11 @@ def run_virtual(main: Coroutine[Any, Any, T]) -> tuple[T, float]:
         result = loop.run_until_complete(main)
         return result, loop.time()
     finally:
+        # As asyncio.run: what is left (an engine model's driver) is cancelled, not destroyed.
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
