@@ -55,6 +55,7 @@ from blendserve.sim.clock import run_virtual
 from records import Record, StreamEngine, load, percentiles, question_key, synthetic_records
 
 TARGET = 32
+NAN = float("nan")
 STEP = 0.5
 #: Log-normal ``(mu, sigma)`` of completion tokens, fitted to the embedded model's answers
 #: to GSM8K questions (the first 12 of tests/fixtures/gsm8k_test_200.jsonl, 2 samples each
@@ -245,13 +246,21 @@ def over_http(
 def least(
     jobs: list[list[Record]], capacity: int, reps: int, bar: float, **options: Any
 ) -> tuple[float | None, Run]:
-    """The least budget per question (in steps of ``STEP``) whose error is at most ``bar``."""
+    """The least budget per question (in steps of ``STEP``) whose error is at most ``bar``:
+    found in steps of 4 ``STEP``, then walked back."""
     b = 2.0
     run = measure(jobs, capacity, reps, b, **options)
     while run.error > bar and b < TARGET:
-        b += STEP
+        b = min(TARGET, b + 4 * STEP)
         run = measure(jobs, capacity, reps, b, **options)
-    return (b if run.error <= bar else None), run
+    if run.error > bar:
+        return None, run
+    while b - STEP >= 2.0:
+        lower = measure(jobs, capacity, reps, b - STEP, **options)
+        if lower.error > bar:
+            break
+        b, run = b - STEP, lower
+    return b, run
 
 
 def sets(data: Path | None, families: list[str]) -> dict[str, list[Record]]:
@@ -276,7 +285,10 @@ def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         options = {"per_token": args.per_token, "profile": args.profile, "lengths": args.lengths}
         sc = measure(jobs, capacity, args.reps, None, **options)
         b, waves = least(jobs, capacity, args.reps, sc.error, **options)
-        b0, fine = least(jobs, capacity, args.reps, sc.error, max_rounds=0, **options)
+        if args.profile:  # sample by sample takes dozens of tails: not worth the search
+            b0, fine = None, Run(NAN, NAN, NAN, NAN, NAN, (NAN, NAN))
+        else:
+            b0, fine = least(jobs, capacity, args.reps, sc.error, max_rounds=0, **options)
         print(
             f"| {name} | {size} | {capacity} | {sc.tokens:.0f}, {sc.error:.4f}, {sc.seconds:.1f} "
             f"| {_cell(b, waves)}, {waves.seconds:.1f}, "

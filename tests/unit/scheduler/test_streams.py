@@ -51,11 +51,8 @@ def test_the_replay_engine_hands_each_sample_over_as_it_ends() -> None:
         return [(s.completion_tokens, loop.time()) async for s in engine.stream(_request(3))]
 
     ended, _ = run_virtual(scenario())
-    assert ended == [
-        (100, pytest.approx(1.0)),
-        (200, pytest.approx(2.0)),
-        (300, pytest.approx(3.0)),
-    ]
+    assert [tokens for tokens, _ in ended] == [100, 200, 300]
+    assert [at for _, at in ended] == pytest.approx([1.0, 2.0, 3.0])
 
 
 def test_closing_a_stream_frees_the_samples_still_running() -> None:
