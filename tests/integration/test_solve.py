@@ -75,13 +75,18 @@ def test_a_budget_is_a_ceiling_for_trivial_questions() -> None:
         body = _solve(live.url, questions=questions, budget=200).json()
         with Client(live.url) as client:  # the client leaves the policy to the service
             result = client.solve(questions, budget=200, answer="number")
-    assert result.budget.spent == 27 and result.budget.unspent == 173
+    # Each question stops at nine votes, give or take one a sample in flight brought.
+    assert 27 <= result.budget.spent <= 30
+    assert result.budget.unspent == 200 - result.budget.spent
     assert [a["answer"] for a in body["answers"]] == ["0", "7", "14"]
-    # Nine unanimous votes bring ASC's P[p1 < p2] to 1e-3: each question stops there.
-    assert [a["samples"] for a in body["answers"]] == [9, 9, 9]
+    # Nine unanimous votes bring ASC's P[p1 < p2] to 1e-3: each question stops there
+    # (give or take one sample that was in flight when it did).
+    samples = [a["samples"] for a in body["answers"]]
+    assert all(9 <= n <= 10 for n in samples)
     assert all(a["settled_early"] for a in body["answers"])
-    assert body["budget"] == {"total": 200, "spent": 27, "unspent": 173}
-    assert engine.stats.samples == 2 * 27
+    spent = sum(samples)
+    assert body["budget"] == {"total": 200, "spent": spent, "unspent": 200 - spent}
+    assert engine.stats.samples == spent + result.budget.spent
 
 
 def test_a_question_whose_samples_keep_being_cut_stops_and_says_why() -> None:

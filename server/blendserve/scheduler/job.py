@@ -29,7 +29,13 @@ cancelled and refunded, and it is answered with the votes it has and
 ``stopped="truncated"``. A question that settles with samples still in flight
 has them cancelled and refunded too (``DoneEvent.cut``): they could not
 unsettle it, and the engine's time and their tokens go to the questions
-still open.
+still open. Samples are voted as each ends (:meth:`Engine.stream
+<blendserve.engines.base.Engine.stream>`), so on an engine that hands them
+over one by one a settled question's stragglers are cut while they run. In
+waves, a question's next wave is planned once its own last one is all back
+(a plan on the part that came first, the shortest samples, would stop it on
+too few votes), not once every question's is: no question waits for
+another's stragglers.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
