@@ -256,6 +256,7 @@ class Job:
         self.sink.in_flight(-left)
         self.engine.sequences_in_flight -= left
         self._refund(request.question, left)
+        self._replan = self._replan or left > 0  # what it did not deliver may go out again
         exc = None if task.cancelled() else task.exception()
         if exc is None:
             if not task.cancelled():
