@@ -26,9 +26,15 @@ loopback server over the same engine, in real time (a wave lasts
 through ``/solve`` as ``policy: sc`` with 32 samples of a question in one
 request: what a caller waits for, scheduler and HTTP included.
 
+``--profile NAME`` (``--lengths cot|reasoning``) replaces the wave model by
+the replay engine's continuous batching, each decode step priced by the
+profile (``qwen2.5-7b-h100``: the H100 fit shipped with the package), each
+sample handed to the job as it ends: seconds are modelled seconds, and over
+HTTP ``--wave-seconds`` is the real seconds of a modelled one.
+
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
     [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4] [--load]
-    [--per-token 0] [--http] [--wave-seconds 0.5]
+    [--per-token 0] [--http] [--wave-seconds 0.5] [--profile NAME] [--lengths cot]
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class _WaveEngine(StreamEngine):
         profile: str | None = None,
         lengths: str = "cot",
     ) -> None:
+        # ``wave``: real seconds a modelled one (a wave, or under a profile a second).
         if profile is None:
             latency = LatencyModel(
                 fixed=wave, per_token=per_token, max_concurrent_sequences=capacity, length=LENGTH
@@ -98,6 +105,7 @@ class _WaveEngine(StreamEngine):
                 max_concurrent_sequences=capacity,
                 length=LENGTHS[lengths],
                 step_cost=load_step_cost(profile),
+                time_scale=wave,
             )
         super().__init__(records, seed, latency)
         self.starts: dict[str, set[float]] = {}
@@ -205,10 +213,17 @@ def measure(
 
 
 def over_http(
-    jobs: list[list[Record]], capacity: int, reps: int, b: float | None, wave: float
+    jobs: list[list[Record]],
+    capacity: int,
+    reps: int,
+    b: float | None,
+    wave: float,
+    profile: str | None = None,
+    lengths: str = "cot",
 ) -> Run:
-    """Each job through a real ``POST /solve`` on a fresh loopback server, in real time;
-    ``b`` None: SC@32 (``policy: sc``, a question's 32 samples in one request)."""
+    """Each job through a real ``POST /solve`` on a fresh loopback server, in real time
+    (``wave`` real seconds a modelled one); ``b`` None: SC@32 (``policy: sc``, a question's
+    32 samples in one request)."""
     if b is None:
         options: dict[str, Any] = {
             "policy": "sc", "budget_per_question": TARGET,
@@ -220,7 +235,7 @@ def over_http(
     waves: list[float] = []
     for seed in range(reps):
         for job in jobs:
-            engine = _WaveEngine(job, seed, capacity, 0.0, wave)
+            engine = _WaveEngine(job, seed, capacity, 0.0, wave, profile, lengths)
             server, thread, port = serve(engine, Settings(default_concurrency=capacity))
             body = {
                 "questions": [{"id": r.id, "prompt": r.id} for r in job],
@@ -320,12 +335,14 @@ def http_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
     """One row per capacity: the idle search's budget, then both methods through HTTP."""
     jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)]
     jobs = jobs[: args.jobs]
+    model = {"profile": args.profile, "lengths": args.lengths}
     for capacity in args.capacity:
-        b, _ = least(jobs, capacity, args.reps, measure(jobs, capacity, args.reps, None).error)
-        sc = over_http(jobs, capacity, args.reps, None, args.wave_seconds)
-        run = over_http(jobs, capacity, args.reps, b or TARGET, args.wave_seconds)
+        bar = measure(jobs, capacity, args.reps, None, **model).error
+        b, _ = least(jobs, capacity, args.reps, bar, **model)
+        sc = over_http(jobs, capacity, args.reps, None, args.wave_seconds, **model)
+        run = over_http(jobs, capacity, args.reps, b or TARGET, args.wave_seconds, **model)
         print(
-            f"| {name} | {size} | {capacity} | {sc.error:.4f}, {sc.seconds:.1f} "
+            f"| {name} | {size} | {capacity} | {sc.error:.4f}, {sc.tokens:.0f}, {sc.seconds:.1f} "
             f"| {b or TARGET} | {run.samples:.1f}, {run.tokens:.0f}, {run.error:.4f}, "
             f"{run.seconds:.1f} |",
             flush=True,
@@ -345,8 +362,8 @@ TABLES = {
         load_rows,
     ),
     "http": (
-        "| set | Q | C | SC@32: error, waves | budget/q | default: samples/q, tokens/q, "
-        "error, waves |",
+        "| set | Q | C | SC@32: error, tokens/q, waves | budget/q | default: samples/q, "
+        "tokens/q, error, waves |",
         http_rows,
     ),
 }
@@ -366,7 +383,9 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="the HTTP table instead")
     parser.add_argument("--profile", help="a decode-step profile: continuous batching, seconds")
     parser.add_argument("--lengths", default="cot", choices=["cot", "reasoning"])
-    parser.add_argument("--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a wave")
+    parser.add_argument(
+        "--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a modelled one"
+    )
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
     header, rows = TABLES["http" if args.http else "load" if args.load else "idle"]

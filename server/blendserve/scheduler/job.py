@@ -51,7 +51,6 @@ request itself ends it at once; other errors (a bug) after the streak.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import (
     AsyncGenerator,
@@ -76,6 +75,7 @@ from blendserve.scheduler.events import (
 )
 from blendserve.scheduler.failures import FailureStreak
 from blendserve.scheduler.spec import JobSpec, Keyer
+from blendserve.scheduler.streams import deliver, drain
 from blendserve.stats import JobReport, Stats
 
 __all__ = ["Job"]
@@ -288,22 +288,14 @@ class Job:
         deadline = failures.deadline()
         if deadline is not None:
             waits.append(max(0.0, deadline - now()))
-        arrivals = self._arrivals
-        if arrivals.empty():
-            try:
-                async with asyncio.timeout(min(waits) if waits else None):
-                    first = await arrivals.get()
-            except TimeoutError:
-                if failures.expired(now()):
-                    for task in self._in_flight:
-                        task.cancel()
-                return []
-            arrived = [first]
-        else:
-            arrived = []
-        while not arrivals.empty():
-            arrived.append(arrivals.get_nowait())
-        return arrived
+        try:
+            async with asyncio.timeout(min(waits) if waits else None):
+                return await drain(self._arrivals)
+        except TimeoutError:
+            if failures.expired(now()):
+                for task in self._in_flight:
+                    task.cancel()
+            return []
 
     def _refund(self, q: int, n: int) -> None:
         for _ in range(n):
@@ -431,10 +423,9 @@ class Job:
         """Hands the job each sample of ``request`` as it ends."""
         task = asyncio.current_task()
         assert task is not None
-        samples = self.engine.stream(request)
-        async with contextlib.aclosing(samples):
-            async for sample in samples:
-                self._arrivals.put_nowait((task, sample))
+        await deliver(
+            self.engine, request, lambda sample: self._arrivals.put_nowait((task, sample))
+        )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """Tells the job a request ended, after the samples it delivered."""

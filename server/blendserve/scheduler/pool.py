@@ -4,9 +4,9 @@ A question joins at once (no grouping wait), is sampled in waves of
 :meth:`~blendserve.core.stopping.StoppingRule.wave_size` (a first request
 with ``n = k``, then smaller top-ups), each sample counted as it ends, and
 is answered as soon as its uncertainty is at most its client's ``tau`` (the
-samples of its wave still running are then cancelled), it reaches its cap, its samples
-keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` since its last vote:
-``stopped="truncated"``, not counted in the pacing) or its caller leaves
+samples of its wave still running are then cancelled), it reaches its cap,
+its samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` since its
+last vote: ``stopped="truncated"``, not counted in the pacing) or its caller leaves
 (:meth:`Pool.cancel` ends them all at once with the answers they have: a
 shutdown past its grace).
 

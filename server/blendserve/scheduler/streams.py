@@ -4,12 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TypeVar
 
 from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, GenerateRequest, Sample
 
-__all__ = ["merged"]
+__all__ = ["deliver", "drain", "merged"]
+
+T = TypeVar("T")
+
+
+async def deliver(engine: Engine, request: GenerateRequest, put: Callable[[Sample], None]) -> None:
+    """Hands each sample of ``request`` to ``put`` as it ends; cancelled, the rest stop."""
+    stream = engine.stream(request)
+    async with contextlib.aclosing(stream):
+        async for sample in stream:
+            put(sample)
+
+
+async def drain(queue: asyncio.Queue[T]) -> list[T]:
+    """Waits for an item of ``queue``, then takes every item there is."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 async def merged(
@@ -27,10 +46,7 @@ async def merged(
 
     async def pump(request: GenerateRequest) -> None:
         try:
-            stream = engine.stream(request)
-            async with contextlib.aclosing(stream):
-                async for sample in stream:
-                    arrivals.put_nowait(sample)
+            await deliver(engine, request, arrivals.put_nowait)
         except Exception as exc:  # handed to the consumer, who raises it
             arrivals.put_nowait(exc)
         else:
@@ -41,18 +57,17 @@ async def merged(
     try:
         while running:
             ended: list[Sample] = []
-            item = await arrivals.get()
-            while True:
+            failed: BaseException | None = None
+            for item in await drain(arrivals):
                 if item is None:
                     running -= 1
                 elif isinstance(item, BaseException):
-                    raise item
+                    failed = failed or item
                 else:
                     ended.append(item)
-                if arrivals.empty():
-                    break
-                item = arrivals.get_nowait()
             if ended:
                 yield ended
+            if failed is not None:
+                raise failed
     finally:
         await cancel_all(tasks)
