@@ -255,8 +255,15 @@ class Job:
         left = request.left
         self.sink.in_flight(-left)
         self.engine.sequences_in_flight -= left
-        self._refund(request.question, left)
-        self._replan = self._replan or left > 0  # what it did not deliver may go out again
+        q = request.question
+        self._refund(q, left)
+        # Cut samples are counted by request, as they were before samples came one by one:
+        # a request's votes that end after its cut samples still count.
+        state = self._states.get(q)
+        if state is not None and state.stop_if_cut():
+            self._stop(q)  # answered once its cancelled requests are refunded
+        elif not self.policy.num_pending_of[q]:
+            self._replan = True  # its wave is all back: the plan may send it another
         exc = None if task.cancelled() else task.exception()
         if exc is None:
             if not task.cancelled():
@@ -264,7 +271,7 @@ class Job:
         elif failures.failed(exc, clock()):
             for other in self._in_flight:  # refunded when they end, never counted
                 other.cancel()
-        return request.question
+        return q
 
     async def _take(self, task: asyncio.Task[None], sample: Sample) -> int | None:
         """Records one sample as it ends and returns its question (None: not awaited)."""
@@ -442,15 +449,11 @@ class Job:
         )
         self.policy.observe(q, key)
         pending = self.policy.num_pending_of[q]
-        if state.stop_if_cut():
-            self._stop(q)  # answered once its cancelled requests are refunded
-        elif self.policy.is_settled(q) and pending:
+        if self.policy.is_settled(q) and pending:
             # Its samples still out cannot unsettle it: they stop, and their budget
             # goes back to the questions still open.
             self._num_cut += pending
             self._stop(q)
-        elif not pending:
-            self._replan = True
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False
