@@ -144,6 +144,20 @@ class StoppingRule:
             return n1 > 0 and self.prior.settled(n1, n2, log_tau)
         return n1 > 0 and self.log_uncertainty(n1, n2, num_distinct) <= log_tau
 
+    def is_done_whatever_comes(
+        self, n1: int, n2: int, num_distinct: int, running: int, log_tau: float
+    ) -> bool:
+        """Whether a question stops at ``log tau`` with its leader however its ``running``
+        samples vote (at worst: all for the runner-up, each a new answer).
+
+        Its wave may then be cut before those samples end: the wave's end could
+        undo neither the stop nor the answer. Stopping on fewer samples than the
+        wave whenever the votes so far allow would test the threshold after
+        every sample instead of every wave, and stop questions on too few votes.
+        """
+        n2 += running
+        return n1 > n2 and self.is_done(n1, n2, num_distinct + running, 0, log_tau)
+
     def samples_to_stop(
         self, n1: int, n2: int, num_distinct: int, num_samples: int, log_tau: float
     ) -> int:

@@ -157,19 +157,6 @@ class _Open:
     wave: asyncio.Task[None] | None = None  # its requests in flight
 
 
-def _done_whatever_comes(votes: VoteState, rule: StoppingRule, log_tau: float, left: int) -> bool:
-    """Whether the question stops below ``log_tau`` however its ``left`` samples still running
-    vote (counted at worst: all for the runner-up, and each a new answer), so that the
-    wave's end could not undo the stop nor change the answer.
-
-    Stopping on fewer samples than the wave whenever the votes so far allow it
-    would test the threshold after every sample instead of every wave, and
-    stop more questions on too few votes.
-    """
-    n1, n2, distinct = votes.state(0)
-    return n1 > n2 + left and rule.is_done(n1, n2 + left, distinct + left, 0, log_tau)
-
-
 class Pool:
     """Runs questions of one :class:`PoolSpec` as they arrive.
 
@@ -374,7 +361,7 @@ class Pool:
         """Requests ``wave`` samples once the pool has room, counting each vote as it ends.
 
         Once the question stops at ``log_tau`` whatever the samples still
-        running bring (:func:`_done_whatever_comes`), those samples are
+        running bring (:meth:`StoppingRule.is_done_whatever_comes`), those samples are
         cancelled: its answer and its stop are the wave's, and their slots go
         to other questions at once.
         """
@@ -405,7 +392,8 @@ class Pool:
                     self._release(len(ended))
                     for sample in ended:
                         await self._record(state, sample)
-                    if left and _done_whatever_comes(state.votes, rule, log_tau, left):
+                    votes = state.votes.state(0)
+                    if left and rule.is_done_whatever_comes(*votes, left, log_tau):
                         break
         finally:
             self.sink.in_flight(-left)

@@ -165,3 +165,23 @@ def test_a_learned_prior_sizes_the_waves_within_the_cap_and_the_rounds() -> None
     for unplanned in ({"max_rounds": 0}, {"max_rounds": 2, "score": "ppr"}):
         with pytest.raises(ValueError):
             StoppingRule(max_num_samples=12, prior=VotePrior(), **unplanned)
+
+
+@pytest.mark.parametrize(
+    ("n1", "n2", "running", "done"),
+    [
+        (6, 0, 2, True),  # even 6:2 is below 0.1
+        (5, 0, 2, False),  # 5:0 is, but 5:2 is not: the wave's end could undo the stop
+        (1, 0, 4, False),  # the samples still running could make another answer lead
+    ],
+)
+def test_a_wave_is_cut_only_when_its_end_could_not_undo_the_stop(
+    n1: int, n2: int, running: int, done: bool
+) -> None:
+    rule = StoppingRule("asc", 64)
+    log_tau = math.log(0.1)
+    assert rule.is_done(n1, n2, 2, 0, log_tau) is (n1 > 1)
+    assert rule.is_done_whatever_comes(n1, n2, 2, running, log_tau) is done
+    # With a learned prior too, a leader the running samples could overtake is never done.
+    prior_rule = StoppingRule("asc", 64, max_rounds=4, prior=VotePrior())
+    assert not prior_rule.is_done_whatever_comes(1, 0, 1, 4, log_tau)

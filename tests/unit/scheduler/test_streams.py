@@ -7,20 +7,17 @@ the rest. Modelled time runs on the simulator's virtual clock.
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator
 
 import pytest
 from blendserve.answers import extract
 from blendserve.core.policies import PolicySpec
-from blendserve.core.stopping import StoppingRule
-from blendserve.core.votes import VoteState
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
-from blendserve.scheduler.pool import Pool, PoolSpec, _done_whatever_comes
+from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.streams import merged
 from blendserve.sim import run_virtual
 
@@ -111,24 +108,6 @@ def test_a_pool_question_stops_mid_wave_once_its_last_samples_cannot_change_that
     assert answer.answer == "7" and answer.samples == 4 and answer.settled_early
     assert elapsed == pytest.approx(0.4) and engine.load().running == 0
     assert engine.sequences_in_flight == 0
-
-
-@pytest.mark.parametrize(
-    ("n1", "n2", "left", "done"),
-    [
-        (6, 0, 2, True),  # even 6:2 is below 0.1
-        (5, 0, 2, False),  # 5:0 is, but 5:2 is not: the wave's end could undo the stop
-        (1, 0, 4, False),  # the samples still running could make another answer lead
-    ],
-)
-def test_a_wave_is_cut_only_when_its_end_could_not_undo_the_stop(
-    n1: int, n2: int, left: int, done: bool
-) -> None:
-    votes = VoteState(1)
-    for key in ["7"] * n1 + ["8"] * n2:
-        votes.add(0, key)
-    rule = StoppingRule("asc", 64)
-    assert _done_whatever_comes(votes, rule, math.log(0.1), left) is done
 
 
 class _Failing(ReplayEngine):
