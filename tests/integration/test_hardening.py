@@ -1,5 +1,6 @@
 """Fourth hostile pass: what a load balancer or an operator's typo must not break."""
 
+import json
 import subprocess
 import sys
 import time
@@ -230,10 +231,10 @@ def test_a_bug_is_a_500_of_the_error_contract_without_internals(route: str) -> N
 def test_an_upstream_refusing_the_request_is_answered_at_once_as_what_it_is(
     upstream_status: int, status: int
 ) -> None:
-    asked = []
+    asked: list[tuple[str, int]] = []
 
     def upstream(request: httpx2.Request) -> httpx2.Response:
-        asked.append(request.url.path)
+        asked.append((request.url.path, json.loads(request.content)["seed"]))
         body = {"error": {"message": "max_tokens is too large for this model"}}
         return httpx2.Response(upstream_status, json=body)
 
@@ -241,13 +242,14 @@ def test_an_upstream_refusing_the_request_is_answered_at_once_as_what_it_is(
     chat = {"model": "m", "messages": [{"role": "user", "content": "6 * 7?"}]}
     with serve_engine(engine, allow_model_aliases=True) as live:
         v1 = httpx.post(f"{live.url}/v1/chat/completions", json=chat, timeout=60)
-        completions = [p for p in asked if p.endswith("/completions")]
+        completions = [seed for path, seed in asked if path.endswith("/completions")]
         solve = httpx.post(
             f"{live.url}/solve", json={"questions": [{"prompt": "6 * 7?"}], "budget": 4}, timeout=60
         )
         assert_accounting(live.url, engine.urls)
     assert v1.status_code == status and "max_tokens is too large" in v1.text
-    assert len(completions) == 1  # not retried: no retry can help
+    # The wave's single requests, each asked once: not retried, no retry can help.
+    assert completions and len(set(completions)) == len(completions)
     assert solve.json()["status"] == "failed" and "max_tokens is too large" in solve.text
 
 

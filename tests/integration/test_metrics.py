@@ -118,7 +118,8 @@ def assert_samples_add_up(
 def test_samples_add_up_on_an_upstream_that_ignores_n(stream: bool) -> None:
     state = FakeState(honour_n=False, answers=("1", "2", "3"))
     with FakeServer(state) as upstream:
-        engine = OpenAIEngine([upstream.url], stream=stream)
+        # n_support="yes": requests of n (not one sample a request), answered short.
+        engine = OpenAIEngine([upstream.url], stream=stream, n_support="yes")
         label = normalise_base_url(upstream.url)
         with serve_engine(engine) as live:
             before = upstream_samples(live.url, label)

@@ -6,11 +6,12 @@ counts and token counters against what blendserve reports.
 """
 
 import ast
+import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +26,11 @@ from tests.integration.test_docs_examples import page_blocks, substitute
 from tests.support.command import free_port
 from tests.support.live import LiveServer
 from tests.support.vllm import (
+    ENV,
     MODEL,
     MODEL_DIR,
     ROOT,
+    STARTUP_S,
     gauge,
     group_alive,
     require_vllm,
@@ -41,6 +44,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 QUESTION = "What is 6 times 7? End with the final number."
 LONG = "Write the numbers from 1 to 3000, one per line."
+SHORT = "Write one short sentence about the sea."
 RUNNING = "vllm:num_requests_running"
 
 
@@ -107,12 +111,20 @@ def test_readme_examples_through_vllm_upstream(service: str, tmp_path: Path) -> 
     _answers_readme_examples(service, tmp_path)
 
 
-def _leave(url: str, seconds: float) -> None:
-    """A /v1 request (4 choices) of long samples whose client leaves after ``seconds``."""
+async def _leave_once_running(url: str, upstream: str) -> None:
+    """A /v1 request (4 choices) of long samples whose client leaves once vLLM runs them."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "n": 4,
             "max_tokens": 1500, "temperature": 0.8}  # fmt: skip
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=seconds)
+    metrics = f"{upstream.removesuffix('/v1')}/metrics"
+    async with httpx.AsyncClient(timeout=600) as client:
+        reply = asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=body))
+        deadline = time.monotonic() + 300  # a first wave of a new width may compile first
+        while gauge((await client.get(metrics)).text, RUNNING) == 0:
+            assert not reply.done(), "answered before vLLM was seen running it"
+            assert time.monotonic() < deadline, "vLLM did not run the first wave"
+            await asyncio.sleep(0.1)  # a poll with a deadline
+        reply.cancel()
+        await asyncio.gather(reply, return_exceptions=True)
 
 
 def test_compose_and_kubernetes_flags_are_vllms() -> None:
@@ -186,10 +198,7 @@ def test_a_question_that_settles_leaves_nothing_running(service: str, upstream: 
 
 
 def test_a_client_that_leaves_aborts_its_samples(service: str, upstream: str) -> None:
-    leaving = threading.Thread(target=_leave, args=(service, 10))
-    leaving.start()
-    wait_until(lambda: vllm_metric(upstream, RUNNING) > 0, 60, "vLLM to run its first wave")
-    leaving.join()
+    asyncio.run(_leave_once_running(service, upstream))
     left = time.monotonic()
     # 1,500 tokens would hold vLLM for minutes: the samples were aborted.
     wait_until(lambda: vllm_metric(upstream, RUNNING) == 0, 15, "vLLM to abort the samples")
@@ -243,3 +252,44 @@ def test_in_process_engine_serves_cancels_and_shuts_down(tmp_path: Path) -> None
         process.terminate()
         assert process.wait(90) == 0
         wait_until(lambda: not group_alive(process), 30, "vLLM's processes to exit")
+
+
+#: Run by the vLLM venv's python: the in-process engine's stream, then one left early.
+_STREAM = """
+import asyncio, json, sys
+from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.vllm_inprocess import VLLMEngine
+
+def ask(text, n, **params):
+    messages = [{"role": "user", "content": text}]
+    return GenerateRequest(messages=messages, n=n, params=SamplingParams(**params))
+
+async def main():
+    engine = VLLMEngine({"model": sys.argv[1], "max_model_len": 2048})
+    short = ask(sys.argv[2], 8, temperature=1.0, max_tokens=96, seed=3)
+    lengths = [s.completion_tokens async for s in engine.stream(short)]
+    stream = engine.stream(ask(sys.argv[3], 4, temperature=0.8, max_tokens=1500))
+    waiting = asyncio.ensure_future(anext(stream))
+    while not engine._engine.get_num_unfinished_requests():
+        await asyncio.sleep(0.05)
+    waiting.cancel()  # the caller left
+    await asyncio.gather(waiting, return_exceptions=True)
+    print(json.dumps({"lengths": lengths, "running": engine._engine.get_num_unfinished_requests()}))
+    await engine.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_in_process_stream_hands_samples_over_as_they_end_and_aborts_the_rest() -> None:
+    python = require_vllm()
+    done = subprocess.run(
+        [str(python), "-c", _STREAM, str(MODEL_DIR), SHORT, LONG],
+        capture_output=True, text=True, timeout=STARTUP_S, env={**os.environ, **ENV}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    lengths = result["lengths"]
+    # Decoded side by side, the samples end in the order of their lengths.
+    assert len(lengths) == 8 and lengths == sorted(lengths) and lengths[0] < lengths[-1], lengths
+    assert result["running"] == 0  # aborted at once, not run out

@@ -22,6 +22,11 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   Single requests carry distinct seeds: ``seed + i`` for the ``i``-th sample
   when a seed was given (wrapped within 64 bits), else random distinct seeds. A call returns exactly
   ``n`` samples or raises; samples of a failed call are dropped, never reused.
+* :meth:`OpenAIEngine.stream` (what jobs and pools call) sends ``n`` single
+  requests instead (one of ``n`` with ``n_support="yes"``), so that each
+  sample is handed over as it returns and the rest can be cancelled; they
+  carry the seeds of the ``n`` request's samples and its replica affinity, so
+  that a prefix cache serves their prompt once.
 * Samples carry the upstream's usage. With ``stream``, an upstream whose
   streams carry no usage (llama.cpp's server) is asked for a prompt's token
   count once, by a one-token non-streamed request, and the count is kept.
@@ -81,7 +86,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -266,6 +271,35 @@ class OpenAIEngine(Engine, PassThrough):
             return await within(self._generate(request, body, deadline), timeout)
         except DeadlinePassed as exc:
             raise EngineTimeout(f"no {request.n} samples within {timeout:g} s") from exc
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """The request's samples as each ends: ``n`` single requests, handed over as each
+        returns; closing the iterator early cancels the rest (the upstream aborts them).
+
+        The singles carry the seeds an ``n`` request's samples get (``seed + i``,
+        as vLLM seeds them, or random distinct ones) and the question's replica
+        affinity, so that they share its prompt cache. With ``n_support="yes"`` it is one
+        request of ``n``, whose samples come together. Raises as :meth:`generate`.
+        """
+        if request.n == 1 or self._n_support == "yes":
+            for sample in await self.generate(request):
+                yield sample
+            return
+
+        def single(request: GenerateRequest, seed: int) -> GenerateRequest:
+            params = dataclasses.replace(request.params, seed=seed)
+            return dataclasses.replace(request, n=1, params=params)
+
+        tasks = [
+            asyncio.ensure_future(self.generate(single(request, seed)))
+            for seed in self._seeds(request.params.seed, 0, request.n)
+        ]
+        try:
+            for ended in asyncio.as_completed(tasks):
+                for sample in await ended:
+                    yield sample
+        finally:
+            await cancel_all(tasks)
 
     async def _generate(
         self, request: GenerateRequest, body: dict[str, Any], deadline: float

