@@ -7,6 +7,7 @@ counts and token counters against what blendserve reports.
 
 import ast
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -163,8 +164,8 @@ def test_health_and_models(service: str, upstream: str) -> None:
 def test_solve_usage_is_vllms(service: str, upstream: str) -> None:
     before = {n: vllm_metric(upstream, f"vllm:{n}") for n in ("prompt_tokens_total",
               "generation_tokens_total", "request_success_total")}  # fmt: skip
-    # A lone question with concurrency 4: one vLLM request of n=4.
-    result = _solve(service, QUESTION, budget=4, concurrency=4,
+    # A lone question's 4 samples, none cut (plain self-consistency never settles early).
+    result = _solve(service, QUESTION, budget=4, concurrency=4, policy="sc",
                     sampling={"temperature": 0.7, "max_tokens": 40})  # fmt: skip
     after = {n: vllm_metric(upstream, f"vllm:{n}") for n in before}
     assert result["status"] == "completed" and result["budget"]["spent"] == 4
@@ -256,7 +257,7 @@ def test_in_process_engine_serves_cancels_and_shuts_down(tmp_path: Path) -> None
 
 #: Run by the vLLM venv's python: the in-process engine's stream, then one left early.
 _STREAM = """
-import asyncio, json, sys
+import asyncio, json, sys, time
 from blendserve.engines.base import GenerateRequest, SamplingParams
 from blendserve.engines.vllm_inprocess import VLLMEngine
 
@@ -267,14 +268,19 @@ def ask(text, n, **params):
 async def main():
     engine = VLLMEngine({"model": sys.argv[1], "max_model_len": 2048})
     short = ask(sys.argv[2], 8, temperature=1.0, max_tokens=96, seed=3)
-    lengths = [s.completion_tokens async for s in engine.stream(short)]
+    lengths, times = [], []
+    async for sample in engine.stream(short):
+        lengths.append(sample.completion_tokens)
+        times.append(time.monotonic())
     stream = engine.stream(ask(sys.argv[3], 4, temperature=0.8, max_tokens=1500))
     waiting = asyncio.ensure_future(anext(stream))
     while not engine._engine.get_num_unfinished_requests():
         await asyncio.sleep(0.05)
     waiting.cancel()  # the caller left
     await asyncio.gather(waiting, return_exceptions=True)
-    print(json.dumps({"lengths": lengths, "running": engine._engine.get_num_unfinished_requests()}))
+    running = engine._engine.get_num_unfinished_requests()
+    spread = times[-1] - times[0]
+    print("RESULT", json.dumps({"lengths": lengths, "spread": spread, "running": running}))
     await engine.aclose()
 
 asyncio.run(main())
@@ -288,8 +294,12 @@ def test_in_process_stream_hands_samples_over_as_they_end_and_aborts_the_rest() 
         capture_output=True, text=True, timeout=STARTUP_S, env={**os.environ, **ENV}, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.splitlines()[-1])
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
     lengths = result["lengths"]
-    # Decoded side by side, the samples end in the order of their lengths.
-    assert len(lengths) == 8 and lengths == sorted(lengths) and lengths[0] < lengths[-1], lengths
+    # Decoded side by side, the samples come in the order of their lengths (give or take the
+    # step each of vLLM's child requests was scheduled at), each as it ends: not all at once.
+    assert len(lengths) == 8 and lengths[0] < lengths[-1], lengths
+    assert all(b >= a - 2 for a, b in itertools.pairwise(lengths)), lengths
+    assert result["spread"] > 0.1, result
     assert result["running"] == 0  # aborted at once, not run out
