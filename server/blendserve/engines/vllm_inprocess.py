@@ -132,7 +132,8 @@ class VLLMEngine(Engine):
                 raise EngineUnavailable(f"vLLM failed: {exc}") from exc
             raise
         finally:
-            if not finished:  # cancelled, failed, or closed early: its samples stop
+            # Cancelled, failed or closed early: its samples stop (a dead engine runs none).
+            if not finished and self.down() is None:
                 await self._engine.abort(request_id)
 
     def down(self) -> EngineDown | None:
