@@ -24,7 +24,8 @@ their question settled, at the run's mean length), and the throughput
 loopback server over the same engine, in real time (a wave lasts
 ``--wave-seconds``), at the budget the idle search found, against SC@32 sent
 through ``/solve`` as ``policy: sc`` with 32 samples of a question in one
-request: what a caller waits for, scheduler and HTTP included.
+request: what a caller waits for, scheduler and HTTP included. ``--http --load``:
+the load table's jobs, all at once through one server, against SC@32 sent the same way.
 
 ``--profile NAME`` (``--lengths cot|reasoning``) replaces the wave model by
 the replay engine's continuous batching, each decode step priced by the
@@ -45,6 +46,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,10 +222,12 @@ def over_http(
     wave: float,
     profile: str | None = None,
     lengths: str = "cot",
+    together: bool = False,
 ) -> Run:
     """Each job through a real ``POST /solve`` on a fresh loopback server, in real time
-    (``wave`` real seconds a modelled one); ``b`` None: SC@32 (``policy: sc``, a question's
-    32 samples in one request)."""
+    (``wave`` real seconds a modelled one; ``together``: every job at once on one server and
+    engine, until the last answer); ``b`` None: SC@32 (``policy: sc``, a question's 32
+    samples in one request)."""
     if b is None:
         options: dict[str, Any] = {
             "policy": "sc", "budget_per_question": TARGET,
@@ -233,27 +237,36 @@ def over_http(
         options = {"budget_per_question": b}
     wrong = spent = tokens = 0
     waves: list[float] = []
+    groups = [jobs] if together else [[job] for job in jobs]
     for seed in range(reps):
-        for job in jobs:
-            engine = _WaveEngine(job, seed, capacity, 0.0, wave, profile, lengths)
+        for group in groups:
+            records = [r for job in group for r in job]
+            engine = _WaveEngine(records, seed, capacity, 0.0, wave, profile, lengths)
             server, thread, port = serve(engine, Settings(default_concurrency=capacity))
-            body = {
-                "questions": [{"id": r.id, "prompt": r.id} for r in job],
-                "answer": {"kind": "exact"},
-                **options,
-            }
+
+            def solve(job: list[Record], port: int = port) -> dict[str, Any]:
+                body = {
+                    "questions": [{"id": r.id, "prompt": r.id} for r in job],
+                    "answer": {"kind": "exact"},
+                    **options,
+                }
+                reply = httpx.post(f"http://127.0.0.1:{port}/solve", json=body, timeout=3600)
+                result: dict[str, Any] = reply.raise_for_status().json()
+                return result
+
             try:
                 start = time.perf_counter()
-                reply = httpx.post(f"http://127.0.0.1:{port}/solve", json=body, timeout=600)
+                with ThreadPoolExecutor(len(group)) as pool:
+                    results = list(pool.map(solve, group))
                 waves.append((time.perf_counter() - start) / wave)
             finally:
                 server.should_exit = True
                 thread.join()
-            result = reply.raise_for_status().json()
-            answers = result["answers"]
-            wrong += sum(a["answer"] != r.mode for a, r in zip(answers, job, strict=True))
-            spent += result["budget"]["spent"]
-            tokens += result["usage"]["completion_tokens"]
+            for job, result in zip(group, results, strict=True):
+                answers = result["answers"]
+                wrong += sum(a["answer"] != r.mode for a, r in zip(answers, job, strict=True))
+                spent += result["budget"]["spent"]
+                tokens += result["usage"]["completion_tokens"]
     n = reps * sum(len(j) for j in jobs)
     return Run(wrong / n, spent / n, tokens / n, 0.0, statistics.fmean(waves), (0.0, 0.0))
 
@@ -349,6 +362,26 @@ def http_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         )
 
 
+def http_load_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
+    """One row per capacity: the load search's budget, then every job of the set at once
+    through HTTP, against SC@32 sent the same way."""
+    jobs = [records[i : i + size] for i in range(0, len(records), size)]
+    model = {"profile": args.profile, "lengths": args.lengths}
+    for capacity in args.capacity:
+        bar = measure(jobs, capacity, args.reps, None, together=True, **model).error
+        b, _ = least(jobs, capacity, args.reps, bar, together=True, **model)
+        sc = over_http(jobs, capacity, args.reps, None, args.wave_seconds, **model, together=True)
+        run = over_http(
+            jobs, capacity, args.reps, b or TARGET, args.wave_seconds, **model, together=True
+        )
+        print(
+            f"| {name} | {len(records)} | {capacity} | {sc.error:.4f}, {sc.tokens:.0f}, "
+            f"{sc.seconds:.0f} | {b or TARGET} | {run.samples:.1f}, {run.tokens:.0f}, "
+            f"{run.error:.4f}, {run.seconds:.0f} | {sc.seconds / run.seconds:.1f}x |",
+            flush=True,
+        )
+
+
 #: Each table's header and rows.
 TABLES = {
     "idle": (
@@ -360,6 +393,11 @@ TABLES = {
         "| set | Q | C | SC@32: error, seconds | default: samples/q, tokens/q, error, "
         "seconds | tokens saved/q | throughput vs SC@32 |",
         load_rows,
+    ),
+    "http-load": (
+        "| set | Q | C | SC@32: error, tokens/q, seconds | budget/q | default: samples/q, "
+        "tokens/q, error, seconds | throughput vs SC@32 |",
+        http_load_rows,
     ),
     "http": (
         "| set | Q | C | SC@32: error, tokens/q, waves | budget/q | default: samples/q, "
@@ -388,7 +426,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     families = [f for f in args.synthetic.split(",") if f]
-    header, rows = TABLES["http" if args.http else "load" if args.load else "idle"]
+    table = "load" if args.load else "idle"
+    if args.http:
+        table = "http-load" if args.load else "http"
+    header, rows = TABLES[table]
     if args.profile:
         header = header.replace("waves", "seconds")
     columns = header.count("|") - 1
