@@ -131,10 +131,27 @@ def _questions(stream: BinaryIO, path: Path) -> list[Any]:
             raise ValueError(f"{path}:{lineno}: {exc}") from None
         if not isinstance(item, (str, dict)):
             raise ValueError(f"{path}:{lineno}: expected an object or a string")
+        if not _encodable(item):
+            raise ValueError(
+                f"{path}:{lineno}: a lone surrogate (such as \\ud800) is not text: "
+                "UTF-8 cannot encode it"
+            )
         questions.append(item)
     if not questions:
         raise ValueError(f"{path}: no questions")
     return questions
+
+
+def _encodable(item: Any) -> bool:
+    """Whether every string of ``item`` (keys too) is text UTF-8 can encode: no lone surrogate.
+
+    JSON may escape half a surrogate pair (``"\\ud800"``); no request holding one can be sent.
+    """
+    try:
+        json.dumps(item, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Bar(Protocol):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from blendserve_client import cli as solve_command
 
 from blendserve import __version__
+from blendserve import calibrate as calibrate_command
 from blendserve.service import command as serve_command
 from blendserve.sim import command as simulate_command
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_parser(subparsers)
     solve_command.add_parser(subparsers)
     simulate_command.add_parser(subparsers)
+    calibrate_command.add_parser(subparsers)
     return parser
 
 

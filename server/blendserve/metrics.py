@@ -96,6 +96,18 @@ UPSTREAM_LATENCY = Histogram(
     ["upstream"],
     buckets=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
 )
+ENGINE_STEP = Gauge(
+    f"{_PREFIX}_engine_step_seconds",
+    "One decode step of the engine at this width (sequences at once), as the cost model "
+    "in use says: a profile, refined by the engine's own measurements.",
+    ["width"],
+    multiprocess_mode="liveall",
+)
+ENGINE_COST_OBSERVATIONS = Gauge(
+    f"{_PREFIX}_engine_cost_observations",
+    "The engine's own step-time observations the cost model holds.",
+    multiprocess_mode="liveall",
+)
 UPSTREAM_HEALTHY = Gauge(
     f"{_PREFIX}_upstream_healthy",
     "1 while an upstream takes requests, 0 while it is out.",

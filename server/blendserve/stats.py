@@ -9,6 +9,7 @@ wants. Reports are plain calls on the event loop and must not block.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, Literal
 
 __all__ = ["NO_STATS", "AnswerStage", "JobReport", "Stats", "UpstreamOutcome"]
@@ -51,6 +52,11 @@ class Stats:
 
     def upstream_latency(self, upstream: str, seconds: float) -> None:
         """A successful request to ``upstream`` took ``seconds`` (all its samples)."""
+
+    def engine_step_cost(self, seconds_by_width: Mapping[int, float], observations: int) -> None:
+        """One decode step of the engine takes ``seconds_by_width[w]`` at width ``w``, as the
+        cost model in use says (from a profile, and ``observations`` of the engine's own).
+        """
 
     # -- jobs and pools --------------------------------------------------------
 

@@ -174,5 +174,6 @@ def test_dashboard_follows_the_conventions() -> None:
         "completion_tokens",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
+        "engine_step_seconds",
     ):
         assert name in exprs, name

@@ -304,6 +304,7 @@ def test_health_and_models(server: LiveServer) -> None:
         "engine": "replay",
         "upstreams": {"replay": True},
         "capacity": None,
+        "cost": None,
         "detail": None,
     }
     models = httpx.get(f"{server.url}/v1/models").json()

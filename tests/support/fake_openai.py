@@ -100,11 +100,18 @@ class FakeState:
     ``usage.completion_tokens_details``; ``reasoning_tags`` are the tags a raw
     thought is written between.
     ``authorizations`` records each completion request's ``Authorization``.
+    ``step_cost``: an engine whose decode step costs a known time: ``(a, c)``
+    seconds make a completion request of ``n`` choices and ``max_tokens`` T
+    take ``T * (a + n * c)`` seconds (instead of ``latency``), each choice
+    report T completion tokens and the prompt ``len(prompt) // 4`` tokens.
+    ``extra_metrics``: Prometheus text served after the gauges at ``/metrics``
+    (a test writes vLLM's step-cost series there).
     ``die_by``: the process kills itself with this signal at its first
     completion request (a crashing server's stand-in; no core file is written).
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
+    ``metrics_requests``,
     ``faults`` (injected faults by kind).
     """
 
@@ -112,6 +119,7 @@ class FakeState:
     model: str = "fake-model"
     honour_n: bool = True
     latency: float = 0.0
+    step_cost: tuple[float, float] | None = None
     fail_next: int = 0
     drop: bool = False
     record: bool = True
@@ -137,12 +145,14 @@ class FakeState:
     reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     authorizations: list[str | None] = field(default_factory=list)
     die_by: int = 0
+    extra_metrics: str = ""
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
     samples_served: int = 0
     disconnects: int = 0
     model_requests: int = 0
+    metrics_requests: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     _serial: int = 0
@@ -277,15 +287,23 @@ def _pieces(written: Written, chat: bool) -> list[dict[str, Any]]:
     return pieces
 
 
-def _usage(state: FakeState, n: int) -> dict[str, Any]:
+def _usage(state: FakeState, n: int, body: dict[str, Any] | None = None) -> dict[str, Any]:
     usage: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": 5 * n}
+    if state.step_cost is not None and body is not None:
+        prompt = body.get("prompt") or json.dumps(body.get("messages"))
+        tokens = int(body.get("max_tokens") or 16)
+        usage = {"prompt_tokens": len(str(prompt)) // 4, "completion_tokens": tokens * n}
     if state.reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": state.reasoning_tokens * n}
     return usage
 
 
 async def _chunks(
-    state: FakeState, texts: list[Written], chat: bool, stall: bool
+    state: FakeState,
+    texts: list[Written],
+    chat: bool,
+    stall: bool,
+    body: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
     """``texts`` as OpenAI's streamed chunks; ``stall``: silence after the first chunk."""
     try:
@@ -305,7 +323,7 @@ async def _chunks(
         ]
         yield _event({"choices": ends})
         if state.stream_usage:
-            yield _event({"choices": [], "usage": _usage(state, len(texts))})
+            yield _event({"choices": [], "usage": _usage(state, len(texts), body)})
         yield "data: [DONE]\n\n"
         state.samples_served += len(texts)
     except asyncio.CancelledError:
@@ -344,7 +362,8 @@ async def _complete(
     streamed = bool(body.get("stream"))
     try:
         outcome = "done"
-        latency = state.latency + (state.slow_latency if fault == "slow" else 0.0)
+        n = int(body.get("n", 1)) if state.honour_n else 1
+        latency = _latency(state, body, n, fault)
         if fault == "timeout" and not streamed:
             latency = _HANG_S
         if latency > 0:
@@ -354,17 +373,24 @@ async def _complete(
             return Response(status_code=204)  # nobody is listening
         if state.drop or fault == "drop" or kill.is_set():
             return _DropConnection()
-        n = int(body.get("n", 1)) if state.honour_n else 1
         if streamed:
             texts = [state.write(chat) for _ in range(n)]
-            chunks = _chunks(state, texts, chat, stall=fault == "timeout")
+            chunks = _chunks(state, texts, chat, stall=fault == "timeout", body=body)
             state.in_flight += 1  # until the stream ends
             return StreamingResponse(chunks, media_type="text/event-stream")
-        payload = completion_body(state, n, chat)
+        payload = completion_body(state, n, chat, body)
         state.samples_served += n
         return Response(json.dumps(payload), media_type="application/json")
     finally:
         state.in_flight -= 1
+
+
+def _latency(state: FakeState, body: dict[str, Any], n: int, fault: str | None) -> float:
+    """Seconds before answering: ``latency`` (and a slow fault's), or ``step_cost``'s."""
+    if state.step_cost is not None:
+        per_step, per_sequence = state.step_cost
+        return int(body.get("max_tokens") or 16) * (per_step + n * per_sequence)
+    return state.latency + (state.slow_latency if fault == "slow" else 0.0)
 
 
 def _nested(depth: int, streamed: bool = False) -> Response:
@@ -375,8 +401,10 @@ def _nested(depth: int, streamed: bool = False) -> Response:
     return Response(deep, media_type="application/json")
 
 
-def completion_body(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
-    """A non-streamed completion body of ``n`` choices."""
+def completion_body(
+    state: FakeState, n: int, chat: bool, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A non-streamed completion body of ``n`` choices (``body``: the request answered)."""
     choices = []
     for i in range(n):
         written = state.write(chat)
@@ -394,7 +422,7 @@ def completion_body(state: FakeState, n: int, chat: bool) -> dict[str, Any]:
         "object": "chat.completion" if chat else "text_completion",
         "model": state.model,
         "choices": choices,
-        "usage": _usage(state, n),
+        "usage": _usage(state, n, body),
     }
 
 
@@ -450,13 +478,15 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
     @app.get("/metrics")
     async def metrics() -> Response:
         # vLLM's own metric names, so that dashboards have a model server to show.
+        state.metrics_requests += 1
         labels = f'{{model_name="{state.model}"}}'
         lines = [
             f"vllm:num_requests_running{labels} {state.in_flight}",
             f"vllm:num_requests_waiting{labels} 0",
             f"vllm:kv_cache_usage_perc{labels} {min(1.0, state.in_flight / 64)}",
         ]
-        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        text = "\n".join(lines) + "\n" + state.extra_metrics
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/fake/stats")
     async def stats() -> dict[str, Any]:

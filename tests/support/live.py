@@ -28,12 +28,17 @@ class LiveServer:
         timeout: seconds to wait for startup and shutdown.
         connections: client connection deadlines (the service's protocol, as
             ``blendserve serve`` runs it); None: uvicorn's plain h11.
+        max_body_bytes: with ``connections``, the largest body any route takes.
     """
 
     def __init__(
-        self, app: FastAPI, timeout: float = 20.0, connections: ConnectionTimeouts | None = None
+        self,
+        app: FastAPI,
+        timeout: float = 20.0,
+        connections: ConnectionTimeouts | None = None,
+        max_body_bytes: int | None = None,
     ) -> None:
-        http = timed_protocol(connections) if connections is not None else "h11"
+        http = timed_protocol(connections, max_body_bytes) if connections is not None else "h11"
         config = uvicorn.Config(
             app, host="127.0.0.1", port=0, loop="asyncio", http=http, log_level="warning",
             access_log=False, timeout_graceful_shutdown=2,
@@ -89,4 +94,5 @@ def serve_engine(engine: Engine, **settings: Any) -> LiveServer:
     return LiveServer(
         create_app(config, engine_factory=factory, answer_keys=KEYS),
         connections=config.connection_timeouts(),
+        max_body_bytes=max(config.max_body_bytes, config.max_tokenizer_body_bytes),
     )

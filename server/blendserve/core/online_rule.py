@@ -14,7 +14,7 @@ from typing import Any
 from blendserve.core.flatness import Flatness
 from blendserve.core.options import Option, parse_spec
 from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
-from blendserve.core.vote_prior import VotePrior, start_log_price
+from blendserve.core.vote_prior import VotePrior, start_log_price, start_log_price_known
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 
 __all__ = ["MIN_TARGET", "PLANS", "OnlineRule"]
@@ -116,6 +116,14 @@ class OnlineRule:
         if self.planned:
             return PacedThreshold(budget, log_tau=start_log_price(budget, self.rounds))
         return PacedThreshold(budget)
+
+    def threshold_ready(self, budget_per_question: float | None) -> bool:
+        """Whether :meth:`threshold` builds nothing: no start price to compute (a
+        planned rule's is a bisection over a programme's tables, tens of
+        milliseconds the first time for each budget)."""
+        if not self.planned or budget_per_question is None:
+            return True
+        return start_log_price_known(max(1.0, budget_per_question), self.rounds)
 
     @property
     def planned(self) -> bool:

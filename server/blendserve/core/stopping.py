@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
-from blendserve.core.vote_prior import VotePrior
+from blendserve.core.vote_prior import ReadyPrior, VotePrior
 from blendserve.core.waves import WavePlan
 
 __all__ = [
@@ -75,9 +75,11 @@ class StoppingRule:
         max_rounds: waves per question at most (0: no bound); later waves are
             then sized by :class:`~blendserve.core.waves.WavePlan` from what the
             question is expected to need, and its last wave takes all of it.
-        prior: the stream's learned :class:`~blendserve.core.vote_prior.VotePrior`,
-            which then sizes every wave instead (``asc`` with ``max_rounds``
-            only), and ``tau`` is the price of a vote it is paced by.
+        prior: the stream's learned :class:`~blendserve.core.vote_prior.VotePrior`
+            (or its :class:`~blendserve.core.vote_prior.ReadyPrior` at one price,
+            which builds nothing), which then sizes every wave instead (``asc``
+            with ``max_rounds`` only), and ``tau`` is the price of a vote it is
+            paced by.
     """
 
     score: Score = "asc"
@@ -85,7 +87,7 @@ class StoppingRule:
     min_growth: float = 0.0
     min_first: int = 0
     max_rounds: int = 0
-    prior: VotePrior | None = field(default=None, compare=False, repr=False)
+    prior: VotePrior | ReadyPrior | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:

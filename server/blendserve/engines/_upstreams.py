@@ -11,8 +11,10 @@ A replica's load (:meth:`Upstreams.queue`) is read from vLLM's Prometheus
 gauges at the server root, ``GET {url without /v1}/metrics``, over a
 connection of its own per replica (so that a pool full of long generations
 does not hold the reading up), a body of at most :data:`METRICS_BYTES`
-answered within :data:`SIDE_TIMEOUT`. A replica without such gauges is left
-alone for :data:`METRICS_RETRY_S`.
+answered within :data:`SIDE_TIMEOUT`, and parsed in a worker thread (a large
+body takes the event loop no time). A replica without such gauges, or with
+more than :data:`MAX_LABEL_SETS` label sets of them (not vLLM), is left alone
+for :data:`METRICS_RETRY_S`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from blendserve.engines._http_pool import HttpPool
 from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
 from blendserve.engines.config import Health, Limits, Timeouts
+from blendserve.engines.engine_cost import COST_SERIES, cost_counters
 from blendserve.engines.openai_wire import (
     CHAT,
     COMPLETIONS,
@@ -45,6 +48,7 @@ from blendserve.errors import EngineProtocolError, EngineUnavailable, InvalidReq
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
+    "MAX_LABEL_SETS",
     "METRICS_BYTES",
     "METRICS_RETRY_S",
     "PROMPT_COUNT_BYTES",
@@ -52,6 +56,7 @@ __all__ = [
     "SIDE_TIMEOUT",
     "WAITING",
     "Upstreams",
+    "parse_cost",
     "parse_queue",
 ]
 
@@ -64,6 +69,9 @@ PROMPT_COUNT_BYTES = 1 << 20
 METRICS_BYTES = 4 << 20
 #: Seconds a replica without vLLM's load gauges is left alone before it is asked again.
 METRICS_RETRY_S = 60.0
+#: Label sets of the series read beyond which a reading is not vLLM's (it has one per
+#: engine core and model): parsing 100,000 of them takes seconds.
+MAX_LABEL_SETS = 4096
 #: vLLM's gauges of the requests it runs and of those queued behind them.
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -77,12 +85,13 @@ def parse_queue(text: str) -> tuple[int, int] | None:
     gauge (not vLLM, or not Prometheus text at all).
 
     Raises:
-        ValueError: a gauge's line is malformed or its value is not a finite number.
+        ValueError: a gauge's line is malformed or its value is not a finite
+            number, or there are more than :data:`MAX_LABEL_SETS` of their lines.
     """
     # Imported here: a process that reads no load (and has no metrics sink) loads no Prometheus.
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith((RUNNING, WAITING)))
+    wanted = _lines(text, (RUNNING, WAITING))
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
@@ -93,6 +102,53 @@ def parse_queue(text: str) -> tuple[int, int] | None:
     if RUNNING not in totals:
         return None
     return max(0, round(totals[RUNNING])), max(0, round(totals.get(WAITING, 0.0)))
+
+
+def parse_cost(text: str) -> dict[str, float]:
+    """vLLM's step-cost series in Prometheus ``text`` (``engine_cost.COST_SERIES``).
+
+    Only their lines are parsed; none (an empty reading) where one is malformed
+    or there are more than :data:`MAX_LABEL_SETS` of them.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        wanted = _lines(text, _COST_PREFIXES)
+        return cost_counters(
+            (s.name, s.value) for f in text_string_to_metric_families(wanted) for s in f.samples
+        )
+    except ValueError:
+        return {}
+
+
+_COST_PREFIXES = tuple(f"{name}{end}" for name in COST_SERIES for end in ("{", " "))
+
+
+def _lines(text: str, prefixes: tuple[str, ...]) -> str:
+    """The lines of ``text`` that start with one of ``prefixes``.
+
+    Raises:
+        ValueError: more than :data:`MAX_LABEL_SETS` of them.
+    """
+    lines = [line for line in text.splitlines() if line.startswith(prefixes)]
+    if len(lines) > MAX_LABEL_SETS:
+        names = sorted({p.rstrip("{ ") for p in prefixes})
+        raise ValueError(
+            f"{len(lines):,} label sets of {', '.join(names)}, more than {MAX_LABEL_SETS:,}: "
+            "not vLLM's"
+        )
+    return "\n".join(lines)
+
+
+def _read_metrics(body: bytes) -> tuple[tuple[int, int] | None, dict[str, float]]:
+    """The load gauges and step-cost series of a ``/metrics`` body (run in a worker thread).
+
+    Raises:
+        ValueError: as :func:`parse_queue`.
+    """
+    text = body.decode("utf-8", errors="replace")
+    queue = parse_queue(text)
+    return queue, {} if queue is None else parse_cost(text)
 
 
 def _described(exc: BaseException | None) -> str:
@@ -166,6 +222,8 @@ class Upstreams:
         self._metrics_pool = metrics_pool
         self._shared_transport = transport is not None  # self.pool closes it
         self._no_metrics_until: dict[str, float] = {}
+        #: Each replica's last reading of vLLM's step-cost series, until taken.
+        self.cost_readings: dict[str, dict[str, float]] = {}
         self._no_metrics_logged: set[str] = set()
         # prompt digest -> its token count, for upstreams whose streams carry no usage
         self._prompt_counts: ByteLRU[bytes, int] = ByteLRU(PROMPT_COUNT_BYTES)
@@ -207,9 +265,10 @@ class Upstreams:
 
         None, without I/O, while the replica is left alone. None when it
         answers no vLLM gauges (not 200, not Prometheus text, nothing within
-        :data:`SIDE_TIMEOUT`, a body over :data:`METRICS_BYTES`): it is then
-        left alone for :data:`METRICS_RETRY_S` (logged at info level the first
-        time, at debug level after).
+        :data:`SIDE_TIMEOUT`, a body over :data:`METRICS_BYTES`, more than
+        :data:`MAX_LABEL_SETS` label sets): it is then left alone for
+        :data:`METRICS_RETRY_S` (logged at info level the first time, at debug
+        level after).
         """
         loop = asyncio.get_running_loop()
         if self.closed or self._no_metrics_until.get(replica.url, -math.inf) > loop.time():
@@ -222,7 +281,10 @@ class Upstreams:
             get = self._metrics.side(replica.url, url, None, SIDE_TIMEOUT)
             response = await within(get, SIDE_TIMEOUT)  # a body that trickles in, too
             response.raise_for_status()
-            queue = parse_queue(response.text)
+            # Parsed off the loop: a body of many label sets takes a while even within its cap.
+            queue, cost = await asyncio.to_thread(_read_metrics, response.content)
+            if queue is not None:
+                self.cost_readings[replica.url] = cost
         except (httpx2.HTTPError, DeadlinePassed, ValueError) as exc:
             queue, reason = None, exc
         if queue is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blendserve.core.answers.thoughts import (
     DEFAULT_REASONING_TAGS,
@@ -15,6 +15,9 @@ from blendserve.core.answers.thoughts import (
 )
 from blendserve.errors import EngineDown
 from blendserve.stats import NO_STATS, Stats
+
+if TYPE_CHECKING:
+    from blendserve.engines.engine_cost import EngineCost
 
 __all__ = [
     "SEED_MAX",
@@ -209,6 +212,9 @@ class Engine(ABC):
     #: Sequences the engine runs at once, as configured (None: unknown, and
     #: jobs decide sample by sample).
     capacity: int | None = None
+    #: What a decode step costs by width, as far as known (the service sets it; see
+    #: :mod:`blendserve.engines.engine_cost`); engines that can measure it feed it.
+    cost: EngineCost | None = None
     #: Sequences this process has asked of the engine and not yet received;
     #: jobs and pools count theirs here, so that they see each other's load.
     sequences_in_flight: int = 0
@@ -220,6 +226,8 @@ class Engine(ABC):
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with the engine's upstreams and health."""
         self.sink = sink
+        if self.cost is not None:
+            self.cost.report_to(sink)
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> list[Sample]:

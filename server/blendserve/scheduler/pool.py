@@ -20,16 +20,25 @@ half on flat answers, only what a unanimous question needs on peaked ones);
 and its own keyer, so its answers take turns at the sympy workers with other
 clients' answers instead of queueing behind them. Waves of every open
 question share ``concurrency`` samples in flight: first waves go first, then
-the least sure questions.
+the least sure questions. A client with no open question that the pool has
+not seen for :data:`IDLE_CLIENT_S` is forgotten.
+
+What the waves are planned with (each client's prior's programme, and a new
+pool's start price) is built off the event loop (see
+:mod:`~blendserve.scheduler.priors`). A question the prior stops where a wave
+past the programme's horizon would still have been worth its price says so
+(``stopped="horizon"``): its budget asks more than the programme can plan.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import heapq
 import itertools
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,14 +54,18 @@ from blendserve.errors import EngineError, UpstreamRejected
 from blendserve.scheduler.ballots import Ballots
 from blendserve.scheduler.events import AnswerEvent
 from blendserve.scheduler.failures import FailureStreak
+from blendserve.scheduler.priors import Builds, ready_rule
 from blendserve.scheduler.spec import Keyer, Question
 from blendserve.scheduler.streams import merged
 from blendserve.stats import Stats
 
-__all__ = ["SHARED_CLIENT", "ClientPacing", "Pool", "PoolSpec"]
+__all__ = ["IDLE_CLIENT_S", "SHARED_CLIENT", "ClientPacing", "Pool", "PoolSpec"]
 
 #: The client of questions that name none.
 SHARED_CLIENT = ""
+#: Seconds after which a client with no open question, not seen since, is forgotten
+#: (its pacing restarts if it comes back); the service drops a pool idle as long.
+IDLE_CLIENT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,8 @@ class ClientPacing:
         num_open: the client's questions open now.
         prior: how contested the client's finished questions were: the waves
             of its next questions.
+        seen: when the client last asked, or one of its questions ended
+            (:func:`time.monotonic`).
     """
 
     threshold: PacedThreshold
@@ -131,6 +146,7 @@ class ClientPacing:
     keyer: Keyer
     num_open: int = 0
     prior: VotePrior = field(default_factory=VotePrior)
+    seen: float = field(default_factory=time.monotonic)
 
     @property
     def tau(self) -> float:
@@ -140,6 +156,7 @@ class ClientPacing:
     def closed(self, _: object = None) -> None:
         """One of the client's questions ended (answered, or its caller left)."""
         self.num_open -= 1
+        self.seen = time.monotonic()
 
 
 @dataclass(eq=False)
@@ -170,6 +187,8 @@ class Pool:
             the sympy workers (None: every client keys with ``keyer``).
         max_clients: clients with no open question beyond this many are
             forgotten, oldest first (their pacing restarts if they come back).
+        idle_client_s: a client with no open question not seen for this long is
+            forgotten (None: :data:`IDLE_CLIENT_S`).
     """
 
     def __init__(
@@ -182,18 +201,25 @@ class Pool:
         *,
         client_keyer: Callable[[], Keyer] | None = None,
         max_clients: int = 1024,
+        idle_client_s: float | None = None,
     ) -> None:
         if min(spec.concurrency, spec.max_samples_per_request, max_clients) < 1:
             raise ValueError(
                 "concurrency, max_samples_per_request and max_clients must be at least 1"
             )
-        spec.threshold()  # a spec with neither a budget nor a target fails here
+        # A fresh client's threshold, copied for each (a spec with neither a budget nor a
+        # target fails here); a start price not computed yet is, off the loop, on first use.
+        self._fresh: PacedThreshold | None = None
+        if spec.online.threshold_ready(spec.budget_per_question):
+            self._fresh = spec.threshold()
         self.spec = spec
         self.engine = engine
         self.keyer = keyer
         self.name = name
         self.sink = sink if sink is not None else engine.sink
         self.max_clients = max_clients
+        self.idle_client_s = IDLE_CLIENT_S if idle_client_s is None else idle_client_s
+        self.seen = time.monotonic()
         self._client_keyer = client_keyer
         self._clients: OrderedDict[str, ClientPacing] = OrderedDict()
         self.num_questions = 0  # paced questions answered, every client's
@@ -203,6 +229,7 @@ class Pool:
         self._order: itertools.count[int] = itertools.count()
         self._tasks: set[asyncio.Task[AnswerEvent]] = set()
         self._open: set[_Open] = set()
+        self._cancels = 0  # cancel() calls so far
         self.num_open = 0
         self.num_rounds = 0
 
@@ -212,20 +239,59 @@ class Pool:
         Cancelling the task (the caller left) stops the question's samples;
         it then does not count towards the pacing.
         """
-        pacing = self.pacing(client)
-        task = asyncio.get_running_loop().create_task(self._run(question, pacing))
+        loop = asyncio.get_running_loop()
+        if self._fresh is None:
+            task = loop.create_task(self._run_started(question, client, self._cancels))
+        else:
+            pacing = self.pacing(client)
+            task = loop.create_task(self._run(question, pacing))
+            # Counted from now (not once it runs), so that the client is not forgotten meanwhile.
+            pacing.num_open += 1
+            task.add_done_callback(pacing.closed)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        # Counted from now (not once it runs), so that the client is not forgotten meanwhile.
-        pacing.num_open += 1
-        task.add_done_callback(pacing.closed)
+        self.num_open += 1
+        task.add_done_callback(self._closed)
         return task
+
+    def _closed(self, _: object) -> None:
+        self.num_open -= 1
+        self.seen = time.monotonic()
+
+    def idle(self, now: float) -> bool:
+        """Whether the pool has no open question and was not used for ``idle_client_s``
+        before ``now`` (:func:`time.monotonic`)."""
+        return self.num_open == 0 and now - self.seen >= self.idle_client_s
+
+    async def _run_started(self, question: Question, client: str, cancels: int) -> AnswerEvent:
+        """Runs the question once the pool's start price is computed (off the loop)."""
+        if self._fresh is None:
+            self._fresh = await Builds.here().run(
+                ("start", self.spec.online, self.spec.budget_per_question), self._start
+            )
+        pacing = self.pacing(client)
+        pacing.num_open += 1
+        try:
+            return await self._run(question, pacing, cut=cancels != self._cancels)
+        finally:
+            pacing.closed()
+
+    def _start(self) -> PacedThreshold:
+        """A fresh threshold, and the tables its price starts every client's waves with."""
+        threshold = self.spec.threshold()
+        if self.spec.online.planned:
+            VotePrior().need(threshold.log_tau, self.spec.max_rounds).build()
+        return threshold
 
     def pacing(self, client: str = SHARED_CLIENT) -> ClientPacing:
         """``client``'s threshold, flatness and keyer (made when first asked for)."""
+        now = time.monotonic()
+        self.seen = now
+        self._forget_idle(now)
         pacing = self._clients.get(client)
         if pacing is not None:
             self._clients.move_to_end(client)
+            pacing.seen = now
             return pacing
         for name, old in list(self._clients.items()):
             if len(self._clients) < self.max_clients:
@@ -233,8 +299,22 @@ class Pool:
             if old.num_open == 0:
                 del self._clients[name]
         keyer = self._client_keyer() if self._client_keyer is not None else self.keyer
-        pacing = self._clients[client] = ClientPacing(self.spec.threshold(), Flatness(), keyer)
+        if self._fresh is None:  # a caller outside the pools' loop: computed here
+            self._fresh = self.spec.threshold()
+        fresh = copy.copy(self._fresh)
+        pacing = self._clients[client] = ClientPacing(fresh, Flatness(), keyer, seen=now)
         return pacing
+
+    def _forget_idle(self, now: float) -> None:
+        """Forgets the clients with no open question not seen for ``idle_client_s``."""
+        idle = []
+        for name, pacing in self._clients.items():  # least recently asked for first
+            if now - pacing.seen < self.idle_client_s:
+                break
+            if pacing.num_open == 0:
+                idle.append(name)
+        for name in idle:
+            del self._clients[name]
 
     def rule(self, client: str = SHARED_CLIENT) -> StoppingRule:
         """The stopping rule of ``client``'s next question: first wave and cap as it learned."""
@@ -265,6 +345,7 @@ class Pool:
         its answer, marked partial (not counted towards the pacing). Questions
         submitted later run as usual. ``reason`` is for the log of a caller.
         """
+        self._cancels += 1  # questions still waiting for the pool's start price too
         for state in self._open:
             state.cut = True
             if state.wave is not None:
@@ -276,20 +357,22 @@ class Pool:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run(self, question: Question, pacing: ClientPacing) -> AnswerEvent:
-        state = _Open(question, pacing)
-        rule = self._rule(pacing)
+    async def _run(
+        self, question: Question, pacing: ClientPacing, cut: bool = False
+    ) -> AnswerEvent:
+        state = _Open(question, pacing, cut=cut)
+        base = self._rule(pacing)
         threshold = pacing.threshold
         self._open.add(state)
-        self.num_open += 1
         self.sink.queued(1)
         failures = FailureStreak(self.spec.max_consecutive_failures, self.spec.failure_timeout)
         clock = asyncio.get_running_loop().time
         try:
             while True:
+                log_tau = threshold.log_tau
+                rule = await ready_rule(base, log_tau, state.rounds)  # builds off the loop
                 if state.cut:
                     return self._answer(state, partial=True, capped=False)
-                log_tau = threshold.log_tau
                 n = state.votes.num_samples[0]
                 wave = rule.wave_size(*state.votes.state(0), n, log_tau, state.rounds)
                 if wave == 0:
@@ -329,7 +412,7 @@ class Pool:
                 if state.ballots.stop_if_cut():  # not paced: its spend says nothing of tau
                     return self._answer(state, partial=False, capped=False)
             # Stopped below tau, else at the cap (the same tau decided both).
-            confident = rule.is_done(*state.votes.state(0), 0, log_tau)
+            confident = self._confident(state, rule, base.prior, log_tau)
             event = self._answer(state, partial=False, capped=not confident)
             threshold.observe(event.samples)
             pacing.flatness.observe(tuple(state.first_keys))
@@ -344,8 +427,18 @@ class Pool:
         finally:
             threshold.close(state.paced)
             self._open.discard(state)
-            self.num_open -= 1
             self.sink.queued(-1)
+
+    def _confident(self, state: _Open, rule: StoppingRule, prior: object, log_tau: float) -> bool:
+        """Whether the question stopped below tau (else at its cap); one the prior stopped
+        at its programme's horizon is marked ``stopped="horizon"``."""
+        votes = state.votes.state(0)
+        confident = rule.is_done(*votes, 0, log_tau)
+        if confident and isinstance(prior, VotePrior):
+            left = rule.max_num_samples - state.votes.num_samples[0]
+            if prior.past_horizon(votes[0], votes[1], log_tau, left):
+                state.ballots.stopped = "horizon"
+        return confident
 
     def _give_up(
         self, state: _Open, n: int, failures: FailureStreak, exc: BaseException

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from blendserve.service.disconnect import ClientGone, while_connected
-from blendserve.service.limits import Budget, HeldStreamingResponse, Prompt, Slot
+from blendserve.service.limits import Budget, HeldStreamingResponse, Passed, Prompt, Slot
 from blendserve.service.state import service_of
 
 __all__ = ["Admitted", "admitted"]
@@ -57,7 +57,12 @@ class Admitted:
 
 @asynccontextmanager
 async def admitted(
-    request: Request, prompts: Mapping[str, Prompt], budget: Budget, *, param: str
+    request: Request,
+    prompts: Mapping[str, Prompt],
+    budget: Budget,
+    *,
+    param: str,
+    passed: Passed | None = None,
 ) -> AsyncIterator[Admitted]:
     """Checks the request's limits and admits its questions for the block.
 
@@ -66,6 +71,7 @@ async def admitted(
         prompts: each question's prompt by the field that holds it: one question slot each.
         budget: the request's sample budget.
         param: the field that lists the questions.
+        passed: the fields sent upstream with each of its engine requests, if any.
 
     Raises:
         InvalidRequest: a limit is passed (422).
@@ -73,7 +79,7 @@ async def admitted(
         ServiceOverloaded: too much runs now (429).
     """
     state = service_of(request)
-    state.limits.check(prompts, budget, param=param)
+    state.limits.check(prompts, budget, param=param, passed=passed)
     if (down := state.engine.down()) is not None:
         raise down
     held = Admitted(request, state.admission.admit(len(prompts), param=param))

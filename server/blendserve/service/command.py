@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_keep_alive=settings.keep_alive_s,
-        http=timed_protocol(settings.connection_timeouts()),
+        http=timed_protocol(
+            settings.connection_timeouts(),
+            max(settings.max_body_bytes, settings.max_tokenizer_body_bytes),
+        ),
     )
     _raise_descriptor_limit()
     # What the imports built lives as long as the process: out of the collector's

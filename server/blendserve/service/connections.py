@@ -14,16 +14,24 @@ protocol with three deadlines per connection:
 
 A connection past a deadline is aborted: the application sees the client
 disconnect, which cancels its job.
+
+A chunked body with more than ``max_body_bytes`` still due of one chunk (a
+chunk-size line such as ``FFFFFFFFFFFFFFFF``) is answered 413 at once, the
+connection closed: the body could never be taken, and would otherwise hold
+the connection until its body deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from blendserve.service.errors import error_body
 
 __all__ = ["ConnectionTimeouts", "TimedH11Protocol", "timed_protocol"]
 
@@ -38,9 +46,13 @@ class ConnectionTimeouts:
 
 
 class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with header, body and write deadlines (:attr:`timeouts`)."""
+    """uvicorn's h11 protocol with header, body and write deadlines (:attr:`timeouts`).
+
+    A chunk with more than :attr:`max_body_bytes` still due (None: no limit) is a 413.
+    """
 
     timeouts = ConnectionTimeouts()
+    max_body_bytes: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -64,6 +76,10 @@ class TimedH11Protocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
+        limit = self.max_body_bytes
+        if limit is not None and not self.transport.is_closing() and self._declared_chunk() > limit:
+            self._refuse_chunk()
+            return
         state = self.conn.their_state
         if state is h11.SEND_BODY:
             if not self._reading_body:
@@ -100,12 +116,48 @@ class TimedH11Protocol(H11Protocol):
             self._write_deadline.cancel()
             self._write_deadline = None
 
+    def _declared_chunk(self) -> int:
+        """Bytes still due of the body chunk being read (0: none, or not chunked).
+
+        h11 keeps the size a chunk-size line declared to its reader.
+        """
+        if self.conn.their_state is not h11.SEND_BODY:
+            return 0
+        reader = getattr(self.conn, "_reader", None)
+        return int(getattr(reader, "_bytes_in_chunk", 0))
+
+    def _refuse_chunk(self) -> None:
+        """Answers 413 (the error contract) and closes: the body is never read."""
+        if self.conn.our_state is not h11.SEND_RESPONSE:  # a response has started
+            self._abort()
+            return
+        message = f"request body over {self.max_body_bytes} bytes (a chunk declares more)"
+        body = json.dumps(error_body(message, 413)).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
+        response = h11.Response(status_code=413, headers=headers, reason=b"Content Too Large")
+        for event in (response, h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+        self._disarm_read()
+        self.transport.close()  # the application's receive() sees the client leave
+
     def _abort(self) -> None:
         # abort(), not close(): close() would wait for a full send buffer to drain.
         self._read_deadline = self._write_deadline = None
         self.transport.abort()
 
 
-def timed_protocol(timeouts: ConnectionTimeouts) -> type[TimedH11Protocol]:
-    """A :class:`TimedH11Protocol` class with ``timeouts``, for ``uvicorn.Config(http=...)``."""
-    return type("TimedH11Protocol", (TimedH11Protocol,), {"timeouts": timeouts})
+def timed_protocol(
+    timeouts: ConnectionTimeouts, max_body_bytes: int | None = None
+) -> type[TimedH11Protocol]:
+    """A :class:`TimedH11Protocol` class for ``uvicorn.Config(http=...)``.
+
+    Args:
+        timeouts: the connection deadlines.
+        max_body_bytes: the largest body any route takes (None: no limit on a chunk).
+    """
+    attributes = {"timeouts": timeouts, "max_body_bytes": max_body_bytes}
+    return type("TimedH11Protocol", (TimedH11Protocol,), attributes)

@@ -24,6 +24,7 @@ __all__ = [
     "Budget",
     "HeldStreamingResponse",
     "JobLimits",
+    "Passed",
     "Prompt",
     "Slot",
 ]
@@ -50,6 +51,25 @@ class Budget(NamedTuple):
 NO_SAMPLES = Budget(0, 0, "")
 
 
+class Passed(NamedTuple):
+    """Fields a request sends upstream with every one of its engine requests.
+
+    Attributes:
+        fields: the fields, by name.
+        param: the field that holds them (``sampling.extra``); empty: they are the
+            body's own, and the largest is named.
+    """
+
+    fields: Mapping[str, Any]
+    param: str = ""
+
+
+def _json_bytes(value: Any) -> int:
+    """Bytes of ``value`` as compact UTF-8 JSON, as an upstream request carries it."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class JobLimits:
     """The shape limits of one job (``/solve``) or one ``/v1`` request.
 
@@ -58,6 +78,8 @@ class JobLimits:
         max_budget: samples per job.
         max_budget_per_question: samples per question on average.
         max_prompt_bytes: UTF-8 bytes of one question's prompt or messages.
+        max_extra_bytes: bytes of the JSON of the fields sent upstream with every
+            engine request (:class:`Passed`).
     """
 
     def __init__(
@@ -66,11 +88,13 @@ class JobLimits:
         max_budget: int,
         max_budget_per_question: float,
         max_prompt_bytes: int,
+        max_extra_bytes: int = 64 << 10,
     ) -> None:
         self.max_questions = max_questions
         self.max_budget = max_budget
         self.max_budget_per_question = max_budget_per_question
         self.max_prompt_bytes = max_prompt_bytes
+        self.max_extra_bytes = max_extra_bytes
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JobLimits:
@@ -80,9 +104,17 @@ class JobLimits:
             settings.max_budget_per_job,
             settings.max_budget_per_question,
             settings.max_prompt_bytes,
+            settings.max_extra_bytes,
         )
 
-    def check(self, prompts: Mapping[str, Prompt], budget: Budget, *, param: str) -> None:
+    def check(
+        self,
+        prompts: Mapping[str, Prompt],
+        budget: Budget,
+        *,
+        param: str,
+        passed: Passed | None = None,
+    ) -> None:
         """Raises a 422 naming the offending field when a limit is passed.
 
         Args:
@@ -90,7 +122,10 @@ class JobLimits:
                 (``questions.0.prompt``, ``messages``).
             budget: the request's budget.
             param: the field that lists the questions.
+            passed: the fields sent upstream with each engine request, if any.
         """
+        if passed is not None:
+            self._check_passed(passed)
         count = len(prompts)
         if count > self.max_questions:
             raise InvalidRequest(
@@ -114,6 +149,21 @@ class JobLimits:
                 raise InvalidRequest(
                     f"prompt of {size} bytes: at most {self.max_prompt_bytes}", param=param
                 )
+
+    def _check_passed(self, passed: Passed) -> None:
+        """Each upstream request carries these again: 1 MB of them is 10 GB for 10,000."""
+        if not passed.fields:
+            return
+        size = _json_bytes(passed.fields)
+        if size <= self.max_extra_bytes:
+            return
+        largest = max(passed.fields, key=lambda name: _json_bytes(passed.fields[name]))
+        what = passed.param or f"fields passed upstream as they are (the largest: {largest})"
+        raise InvalidRequest(
+            f"{what}: {size} bytes of JSON, sent with every upstream request: at most "
+            f"{self.max_extra_bytes}",
+            param=passed.param or largest,
+        )
 
 
 class Admission:

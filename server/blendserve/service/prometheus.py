@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from blendserve import metrics
 from blendserve.stats import AnswerStage, Stats, UpstreamOutcome
 
@@ -30,6 +32,12 @@ class PrometheusStats(Stats):
     def upstream_latency(self, upstream: str, seconds: float) -> None:
         """Observes a successful request's latency."""
         metrics.UPSTREAM_LATENCY.labels(upstream).observe(seconds)
+
+    def engine_step_cost(self, seconds_by_width: Mapping[int, float], observations: int) -> None:
+        """Sets the step-time gauge at each width and the observation count."""
+        for width, seconds in seconds_by_width.items():
+            metrics.ENGINE_STEP.labels(str(width)).set(seconds)
+        metrics.ENGINE_COST_OBSERVATIONS.set(observations)
 
     def job_started(self, budget: int) -> None:
         """One more active job; its budget granted."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from blendserve.scheduler.pool import SHARED_CLIENT
@@ -25,7 +25,9 @@ class ApiKeyAuth:
     """Refuses requests without one of ``keys`` as ``Authorization: Bearer <key>``.
 
     The refusal is OpenAI's 401 (``invalid_api_key``), so the ``openai``
-    client raises ``AuthenticationError``. No keys: everything is open.
+    client raises ``AuthenticationError``; a request with more than one
+    ``Authorization`` header is a 400 whatever their order. No keys:
+    everything is open.
 
     Args:
         app: the application.
@@ -42,7 +44,17 @@ class ApiKeyAuth:
         if scope["type"] != "http" or not self.keys or scope["path"] in self.open:
             await self.app(scope, receive, send)
             return
-        if self._authorised(dict(scope["headers"]).get(b"authorization", b"")):
+        values = [value for name, value in scope["headers"] if name == b"authorization"]
+        if len(values) > 1:
+            # Which one would count? The key check and the client id must read the same.
+            await send_error(
+                send,
+                400,
+                f"more than one Authorization header ({len(values)}): send one, "
+                "Authorization: Bearer <key>",
+            )
+            return
+        if values and self._authorised(values[0]):
             await self.app(scope, receive, send)
             return
         await send_error(
@@ -87,15 +99,25 @@ class ClientIds:
         self.header = header.lower() if header else None
         self._secret = os.urandom(16)
 
-    def of(self, headers: Mapping[str, str]) -> str:
-        """The client id of a request's (already authenticated) headers."""
+    def of(self, headers: Headers) -> str:
+        """The client id of a request's (already authenticated) headers.
+
+        Only a header sent once names a client: :class:`ApiKeyAuth` refuses a
+        second ``Authorization``, and a client header sent twice is the shared client.
+        """
         if self.keyed:
-            value = _bearer(headers.get("authorization", "").encode("latin-1"))
+            value = _bearer(_once(headers, "authorization").encode("latin-1"))
             kind = "key"
         else:
-            value = headers.get(self.header, "").encode("latin-1") if self.header else b""
+            value = _once(headers, self.header).encode("latin-1") if self.header else b""
             kind = "header"
         if not value:
             return SHARED_CLIENT
         digest = hashlib.blake2b(value, digest_size=8, key=self._secret).hexdigest()
         return f"{kind}:{digest}"
+
+
+def _once(headers: Headers, name: str) -> str:
+    """The value of header ``name`` when it was sent exactly once (else empty)."""
+    values = headers.getlist(name)
+    return values[0] if len(values) == 1 else ""

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         "with it, a job on an engine with room goes in a few waves, reading vLLM's /metrics "
         "for its load (the replay engine knows its own)",
     )
+    engine_profile: str | None = Field(
+        None,
+        description="the engine's decode-step cost by width and context: a JSONL profile "
+        "(blendserve calibrate writes one) or a shipped name such as qwen2.5-7b-h100; "
+        "a vLLM engine refines it live from its own metrics, and learns one without it",
+    )
     replay_capacity: int | None = Field(
         None, ge=1, le=1_000_000, description="replay engine: sequences it runs at once"
     )
@@ -187,6 +193,13 @@ class Settings(BaseSettings):
     max_prompt_bytes: int = Field(
         1 << 20, ge=1, description="UTF-8 bytes of one prompt (more: 422)"
     )
+    max_extra_bytes: int = Field(
+        64 << 10,
+        ge=1,
+        description="bytes of the JSON every upstream request of a job carries besides its "
+        "prompt: /solve's sampling.extra, the fields a voted /v1 request does not declare "
+        "(more: 422)",
+    )
     max_body_bytes: int = Field(16 << 20, ge=1, description="bytes of a request body (more: 413)")
     max_tokenizer_body_bytes: int = Field(
         1 << 20, ge=1, description="bytes of a /tokenize or /detokenize body (more: 413)"
@@ -279,4 +292,5 @@ class Settings(BaseSettings):
             replay_time_scale=self.replay_time_scale,
             replay_lengths=self.replay_lengths,
             capacity=self.engine_capacity,
+            engine_profile=self.engine_profile,
         )

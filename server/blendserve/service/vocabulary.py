@@ -19,6 +19,7 @@ from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
 from blendserve.errors import InvalidRequest
 from blendserve.service.fields import RequestModel
 from blendserve.service.json_depth import deep_field, depth_message
+from blendserve.service.json_text import unencodable_field, unencodable_message
 
 if TYPE_CHECKING:
     from blendserve.scheduler import AnswerEvent
@@ -39,6 +40,7 @@ __all__ = [
     "check_messages",
     "check_nesting",
     "check_policy",
+    "check_text",
     "invalid_field",
     "not_null",
     "sampling_params",
@@ -84,6 +86,19 @@ def check_nesting(data: Any) -> Any:
     param = deep_field(data)
     if param is not None:
         raise invalid_field(param, depth_message())
+    return data
+
+
+def check_text(data: Any) -> Any:
+    """A request body as is, unless a string in it holds a lone surrogate: a 422 naming the field.
+
+    For a ``mode="before"`` model validator of a route's body, after
+    :func:`check_nesting`: such a string would fail each upstream request it is
+    sent in (see :mod:`blendserve.service.json_text`).
+    """
+    param = unencodable_field(data)
+    if param is not None:
+        raise invalid_field(param, unencodable_message())
     return data
 
 
@@ -306,10 +321,11 @@ AnswerTextOut = Annotated[
 ]
 #: Why a question stopped early, as both routes report it.
 StoppedOut = Annotated[
-    Literal["truncated"] | None,
+    Literal["truncated", "horizon"] | None,
     Field(
         description='why the question stopped early: "truncated" when 3 of its samples since '
         "its last vote were cut at max_tokens (with no vote: answer null, and on /v1 "
-        'finish_reason "length"); else null'
+        'finish_reason "length"); "horizon" (/v1 online) when its votes reached what the '
+        "wave planner can plan while more would still have been worth buying; else null"
     ),
 ]

@@ -107,6 +107,19 @@ def test_a_fit_recovers_the_cost_it_was_made_from() -> None:
         StepCost.fit([{"batch": 1}])
 
 
+def test_a_fit_of_noisy_points_takes_no_negative_term() -> None:
+    # A CPU engine calibrated at two contexts (vLLM's CPU build, measured): least squares
+    # unbounded fit these with a negative base and attention term.
+    measured = [(1, 44, 124), (2, 44, 244), (4, 43, 510), (8, 44, 902),
+                (1, 163, 196), (2, 163, 253), (4, 162, 422), (8, 161, 847)]  # fmt: skip
+    points = [{"batch": b, "ctx": c, "ms_median": ms} for b, c, ms in measured]
+    fitted = StepCost.fit(points)
+    terms = (fitted.base_ms, fitted.per_sequence_ms, fitted.per_sequence_context_ms,
+             fitted.per_context_ms)  # fmt: skip
+    assert min(terms) >= 0 and fitted.worst_error(points) < 0.2, fitted
+    assert fitted.step_ms(1, 100) < fitted.step_ms(8, 100) < fitted.step_ms(8, 1000)
+
+
 def test_profiles_by_shipped_name_or_file(tmp_path: Path) -> None:
     h100 = load_step_cost("qwen2.5-7b-h100")
     assert h100 is SHIPPED["qwen2.5-7b-h100"]

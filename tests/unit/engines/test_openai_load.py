@@ -12,7 +12,7 @@ import httpx2 as httpx
 import pytest
 from blendserve._cancel import cancel_all
 from blendserve.engines import _upstreams
-from blendserve.engines._upstreams import METRICS_BYTES, parse_queue
+from blendserve.engines._upstreams import MAX_LABEL_SETS, METRICS_BYTES, parse_cost, parse_queue
 from blendserve.engines.base import EngineLoad, GenerateRequest
 from blendserve.engines.openai import OpenAIEngine
 
@@ -45,6 +45,11 @@ vllm:e2e_request_latency_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} 1
 vllm:e2e_request_latency_seconds_count{{engine="0",model_name="m"}} 12.0
 vllm:e2e_request_latency_seconds_sum{{engine="0",model_name="m"}} 9.5
 """
+
+
+def label_sets(name: str, count: int) -> str:
+    """``count`` lines of the series ``name``, each of a label set of its own."""
+    return "".join(f'{name}{{x="{i}"}} 1\n' for i in range(count))
 
 
 def vllm_metrics(running: tuple[int, int], waiting: int) -> str:
@@ -125,6 +130,16 @@ def test_parse_without_vllm_gauges_is_none(text: str) -> None:
     assert parse_queue(text) is None
 
 
+def test_parse_refuses_more_label_sets_than_vllm_has() -> None:
+    assert parse_queue(label_sets(_upstreams.RUNNING, MAX_LABEL_SETS)) == (MAX_LABEL_SETS, 0)
+    many = label_sets(_upstreams.RUNNING, MAX_LABEL_SETS) + label_sets(_upstreams.WAITING, 1)
+    with pytest.raises(ValueError, match="4,097 label sets of vllm:num_requests_running"):
+        parse_queue(many)
+    steps = "vllm:iteration_tokens_total_count"
+    assert parse_cost(label_sets(steps, MAX_LABEL_SETS)) == {steps: MAX_LABEL_SETS}
+    assert parse_cost(label_sets(steps, MAX_LABEL_SETS + 1)) == {}
+
+
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "lots"])
 def test_parse_refuses_a_gauge_that_is_no_number(value: str) -> None:
     with pytest.raises(ValueError):
@@ -181,9 +196,10 @@ def test_own_sequences_sent_since_the_reading_are_added_and_own_is_the_floor() -
         httpx.Response(404, json={"detail": "Not Found"}),
         httpx.Response(200, text="<html>a router's page</html>"),
         httpx.Response(200, text="vllm:num_requests_running 1\n" + "#" * METRICS_BYTES),
+        httpx.Response(200, text=label_sets(_upstreams.RUNNING, MAX_LABEL_SETS + 1)),
         httpx.ReadTimeout("no metrics in time"),
     ],
-    ids=["404", "not-prometheus", "too-large", "timeout"],
+    ids=["404", "not-prometheus", "too-large", "many-label-sets", "timeout"],
 )
 def test_a_replica_without_metrics_counts_own_in_flight_and_is_left_alone(
     answer: httpx.Response | Exception,
@@ -242,6 +258,32 @@ def test_a_replica_without_metrics_is_logged_once_at_info(
     levels = [r.levelno for r in caplog.records if "no load at" in r.getMessage()]
     assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
     assert "http://a.test:8000/metrics" in caplog.records[0].getMessage()
+
+
+def test_a_reading_is_parsed_in_a_worker_thread_not_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parsed_on: list[bool] = []  # whether an event loop ran in the parsing thread
+    parse = _upstreams.parse_queue
+
+    def recorded(text: str) -> tuple[int, int] | None:
+        try:
+            asyncio.get_running_loop()
+            parsed_on.append(True)
+        except RuntimeError:
+            parsed_on.append(False)
+        return parse(text)
+
+    monkeypatch.setattr(_upstreams, "parse_queue", recorded)
+
+    async def go() -> None:
+        upstreams = FakeUpstreams({"a.test": vllm_metrics((3, 4), 2)})
+        async with engine(upstreams, [A], capacity=16, load_interval=HOUR) as e:
+            await e.refresh_load()
+            assert e.load() == EngineLoad(16, running=7, waiting=2)
+
+    run_coroutine(go())
+    assert parsed_on == [False]
 
 
 def test_no_replica_with_metrics_is_the_base_behaviour() -> None:

@@ -1,14 +1,20 @@
 import asyncio
+import contextlib
+import os
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from blendserve import _jsonl
 from blendserve.answers import extract
 from blendserve.engines import Engine, GenerateRequest, SamplingParams
+from blendserve.engines.base import EngineLoad
 from blendserve.engines.rendering import for_answers
 from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, render
+from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.sim import run_virtual
 
@@ -194,3 +200,105 @@ def test_only_engines_that_render_answers_are_told_the_format() -> None:
     assert re.search(r"Answer: \((41|42)\)$", sample.text) and view.sink is engine.sink
     other = FakeEngine({"q": [("1", 1.0)]})
     assert for_answers(other, "choice") is other
+
+
+#: How a waiter's cancellation and a release of the slots it waits for meet in one
+#: loop iteration: the waiter cancelled first or last, or granted the slots and then
+#: cancelled before it ran again.
+RACES = ("waiter-first", "release-first", "granted-then-cancelled")
+
+
+async def _race(holder: asyncio.Future[Any], waiter: asyncio.Future[Any], order: str) -> None:
+    """Cancels ``holder`` (which frees the slots) and ``waiter`` in ``order``; both end."""
+    if order == "waiter-first":
+        waiter.cancel()
+        holder.cancel()
+    elif order == "release-first":
+        holder.cancel()  # its release runs first, the waiter's own step after it
+        waiter.cancel()
+    else:
+        holder.cancel()
+        # After the holder's step (which hands the waiter the slots), before the waiter's.
+        asyncio.get_running_loop().call_soon(waiter.cancel)
+    ended = await asyncio.gather(holder, waiter, return_exceptions=True)
+    assert [type(e) for e in ended] == [asyncio.CancelledError] * 2, ended
+
+
+@pytest.mark.parametrize("order", RACES)
+def test_a_waiter_cancelled_as_slots_free_loses_none_of_them(order: str) -> None:
+    engine = ReplayEngine(DATA, latency=LatencyModel(fixed=3600, max_concurrent_sequences=3))
+
+    async def scenario() -> None:
+        holder = asyncio.ensure_future(engine.generate(_request(n=3)))
+        waiter = asyncio.ensure_future(engine.generate(_request(n=2)))
+        while engine.load() != EngineLoad(3, running=3, waiting=2):
+            await asyncio.sleep(0)
+        await _race(holder, waiter, order)
+        assert engine.load() == EngineLoad(3)
+        engine.latency = LatencyModel(max_concurrent_sequences=3)
+        samples = await asyncio.wait_for(engine.generate(_request(n=3)), 10.0)
+        assert len(samples) == 3
+
+    run_coroutine(scenario(), timeout=30.0)
+    assert engine.stats.in_flight == 0 and engine.stats.sequences_in_flight == 0
+
+
+@pytest.mark.parametrize("order", RACES)
+def test_a_continuous_waiter_cancelled_as_a_slot_frees_loses_none_of_them(order: str) -> None:
+    cost = StepCost(base_ms=10.0, per_sequence_ms=1.0, per_sequence_context_ms=0.0)
+    engine = ReplayEngine(
+        DATA,
+        latency=LatencyModel(step_cost=cost, max_concurrent_sequences=3, length=(9.0, 0.0)),
+    )
+
+    async def scenario() -> None:
+        holder = asyncio.ensure_future(engine.generate(_request(n=3)))
+        waiter = asyncio.ensure_future(engine.generate(_request(n=2)))
+        while engine.load() != EngineLoad(3, running=3, waiting=2):
+            await asyncio.sleep(0)
+        await _race(holder, waiter, order)
+        assert engine.load() == EngineLoad(3)
+        engine.latency = LatencyModel(step_cost=cost, max_concurrent_sequences=3)
+        samples = await asyncio.wait_for(engine.generate(_request(n=3)), 10.0)
+        assert len(samples) == 3
+
+    run_coroutine(scenario(), timeout=30.0)
+    assert engine.stats.in_flight == 0 and engine.stats.sequences_in_flight == 0
+
+
+def test_replay_data_is_read_within_a_line_and_a_file_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_jsonl, "LINE_BYTES", 64)
+    monkeypatch.setattr(_jsonl, "FILE_BYTES", 4096)
+    record = b'{"id": "a", "answers": ["1"]}\n'
+    long = tmp_path / "long.jsonl"
+    long.write_bytes(record + b'"' + b"x" * 64 + b'"\n')
+    with pytest.raises(ValueError, match=r"long\.jsonl:2: a line longer than 64 bytes"):
+        ReplayEngine(long)
+    large = tmp_path / "large.jsonl"
+    large.write_bytes(record * 200)
+    with pytest.raises(ValueError, match=r"large\.jsonl: larger than 4,096 bytes"):
+        ReplayEngine(large)
+    # A pipe that never ends (its size unknown beforehand) is read up to the limit only.
+    endless = tmp_path / "endless.jsonl"
+    os.mkfifo(endless)
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError), endless.open("wb") as pipe:
+            while True:
+                pipe.write(record * 100)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    with pytest.raises(ValueError, match=r"endless\.jsonl: larger than 4,096 bytes"):
+        ReplayEngine(endless)
+    writer.join(10)
+    assert not writer.is_alive()
+
+
+def test_a_replay_data_line_that_is_no_object_names_its_line(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"id": "a", "answers": ["1"]}\n\n[[["a"]]]\n')
+    with pytest.raises(ValueError, match=r"data\.jsonl:3: not a JSON object"):
+        ReplayEngine(data)

@@ -31,3 +31,12 @@ def test_an_open_service_names_clients_by_its_header_or_shares_one() -> None:
     # Without a header setting, every request is the one shared client, whatever its key.
     shared = ClientIds(keyed=False)
     assert shared.of(_headers(authorization="Bearer a", x_client="alice")) == SHARED_CLIENT
+
+
+def test_a_header_sent_twice_names_no_client() -> None:
+    """Which of two would count? The key check refuses them; the id reads neither."""
+    twice = Headers(raw=[(b"authorization", b"Bearer one"), (b"authorization", b"Bearer two")])
+    assert ClientIds(keyed=True).of(twice) == SHARED_CLIENT
+    named = ClientIds(keyed=False, header="X-Client")
+    both = Headers(raw=[(b"x-client", b"alice"), (b"x-client", b"bob")])
+    assert named.of(both) == SHARED_CLIENT

@@ -3,7 +3,9 @@
 One pool per (model, answer format, sampling parameters, budget or quality
 target); each client's ``tau`` in it is paced to the budget (see
 ``scheduler/pool.py``). Requests join at once, with no grouping wait, and
-share the engine through their pool.
+share the engine through their pool. A pool with no open question that was
+not used for its idle time (as its idle clients,
+:data:`~blendserve.scheduler.pool.IDLE_CLIENT_S`) is dropped.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Callable, Collection, Sequence
 
 from blendserve.core.stopping import DEFAULT_CAP, Score
@@ -86,6 +89,7 @@ class OnlinePools:
         """The pool of these options and budget (or quality target), made if new."""
         target = None if confidence is None else 1.0 - confidence
         key = json.dumps([options.key(), budget_per_question, target])
+        self._drop_idle(key)
         pool = self.pools.get(key)
         if pool is None:
             self._evict()
@@ -123,14 +127,23 @@ class OnlinePools:
             tasks.append(pool.submit(unique, client))
         return OnlineTicket(tasks)
 
+    def _drop(self, key: str) -> None:
+        pool = self.pools.pop(key)
+        if self.labels.release(pool.name):
+            pool.sink.pool_dropped(pool.name)
+
+    def _drop_idle(self, keep: str) -> None:
+        """Drops the pools (other than ``keep``'s) idle for their idle time."""
+        now = time.monotonic()
+        for key in [k for k, pool in self.pools.items() if k != keep and pool.idle(now)]:
+            self._drop(key)
+
     def _evict(self) -> None:
         if len(self.pools) < self.max_pools:
             return
         for key, pool in list(self.pools.items()):
             if pool.num_open == 0:
-                del self.pools[key]
-                if self.labels.release(pool.name):
-                    pool.sink.pool_dropped(pool.name)
+                self._drop(key)
                 if len(self.pools) < self.max_pools:
                     return
         raise ServiceOverloaded(

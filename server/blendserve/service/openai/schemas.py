@@ -25,6 +25,7 @@ from blendserve.service.vocabulary import (
     check_messages,
     check_nesting,
     check_policy,
+    check_text,
     invalid_field,
     sampling_params,
 )
@@ -98,7 +99,7 @@ class BlendserveOptions(RequestModel):
         return check_policy(value) if value is not None else None
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     """OpenAI's ``stream_options``."""
 
     include_usage: bool = False
@@ -118,8 +119,8 @@ class _Request(SamplingBase):
 
     @model_validator(mode="before")
     @classmethod
-    def _not_too_deep(cls, data: Any) -> Any:
-        return check_nesting(data)
+    def _not_too_deep_nor_unencodable(cls, data: Any) -> Any:
+        return check_text(check_nesting(data))
 
     @model_validator(mode="after")
     def _sc_compatible(self) -> _Request:

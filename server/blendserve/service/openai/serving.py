@@ -22,7 +22,7 @@ from blendserve.scheduler import AnswerEvent, Question
 from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, status_for
 from blendserve.service.jobs import JobOptions
-from blendserve.service.limits import Budget, Prompt
+from blendserve.service.limits import Budget, Passed, Prompt
 from blendserve.service.openai.render import (
     DONE,
     Reply,
@@ -128,7 +128,8 @@ async def _self_consistent(
         voting.budget_per_question * len(questions),
         "blendserve.budget_per_question",
     )
-    async with admitted(request, prompts, budget, param=param) as held:
+    passed = Passed(voting.options.sampling.extra)
+    async with admitted(request, prompts, budget, param=param, passed=passed) as held:
         ticket = state.dropin.submit(
             voting.options,
             questions,
@@ -240,7 +241,8 @@ async def _emulate(request: Request, state: ServiceState, body: _Body) -> Respon
     asks = _asks(body)
     # The service's own samples: the same limits and admission as a voted request.
     param, prompts = _prompt_fields(body, [ask.prompt or ask.messages for ask in asks])
-    async with admitted(request, prompts, _samples_budget(body, len(asks)), param=param) as held:
+    budget, passed = _samples_budget(body, len(asks)), Passed(asks[0].params.extra)
+    async with admitted(request, prompts, budget, param=param, passed=passed) as held:
         results: list[list[Sample]] = await held.wait(
             asyncio.gather(*(state.engine.generate(ask) for ask in asks))
         )

@@ -26,6 +26,7 @@ from blendserve.errors import InvalidRequest
 from blendserve.service.admission import admitted
 from blendserve.service.errors import error_body, error_responses
 from blendserve.service.json_depth import deep_field, deep_field_in, depth_message
+from blendserve.service.json_text import unencodable_field, unencodable_message
 from blendserve.service.limits import LARGE_BODY_BYTES, NO_SAMPLES
 from blendserve.service.state import service_of
 
@@ -52,7 +53,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object, parsed in a thread when large.
 
     Raises:
-        InvalidRequest: not a JSON object, or nested too deep.
+        InvalidRequest: not a JSON object, nested too deep, or holding a lone surrogate.
     """
     raw = await request.body()
     try:
@@ -71,6 +72,9 @@ async def _json_object(request: Request) -> dict[str, Any]:
         raise InvalidRequest(depth_message(), param=param or None)
     if not isinstance(value, dict):
         raise InvalidRequest("the body must be a JSON object")
+    param = unencodable_field(value)
+    if param is not None:
+        raise InvalidRequest(f"{param}: {unencodable_message()}", param=param)
     return value
 
 

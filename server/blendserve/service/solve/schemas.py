@@ -21,6 +21,7 @@ from blendserve.service.vocabulary import (
     check_messages,
     check_nesting,
     check_policy,
+    check_text,
     invalid_field,
     not_null,
 )
@@ -154,8 +155,8 @@ class SolveRequest(RequestModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _not_too_deep(cls, data: Any) -> Any:
-        return check_nesting(data)
+    def _not_too_deep_nor_unencodable(cls, data: Any) -> Any:
+        return check_text(check_nesting(data))
 
     @field_validator("policy")
     @classmethod

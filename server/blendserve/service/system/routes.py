@@ -31,6 +31,7 @@ async def health(request: Request) -> JSONResponse:
         engine=engine.name,
         upstreams=dict(state.upstreams),
         capacity=engine.load().capacity,
+        cost=None if engine.cost is None else engine.cost.describe(),
         detail=state.detail,
     )
     return JSONResponse(body.model_dump(), status_code=200 if state.healthy else 503)

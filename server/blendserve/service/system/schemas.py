@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +19,12 @@ class HealthResponse(BaseModel):
         None,
         description="sequences the engine runs at once, as the service knows it (null: "
         "unknown, and jobs decide sample by sample)",
+    )
+    cost: dict[str, Any] | None = Field(
+        None,
+        description="what a decode step of the engine costs, as the service knows it: the "
+        "profile (--engine-profile), observations of the engine's own (vLLM's metrics), "
+        "their context, the fit in use and its step time in ms at a few widths (null: unknown)",
     )
     detail: str | None = Field(
         None,

@@ -1,0 +1,552 @@
+"""``blendserve calibrate``: what one decode step of a real engine costs, by width and context.
+
+For each context ``c`` and width ``B`` of the grid, a request for ``B`` samples
+of a prompt of about ``c`` tokens is timed at two lengths, ``T_short`` and
+``T_long`` tokens, ``reps`` times. A point's step time is the median of
+``(wall_long - wall_short) / (tokens_long - tokens_short)``: the difference
+cancels prefill and per-request overhead. The points are written as JSON lines
+(``batch``, ``ctx``, ``ms_median``, ...), the decode profiles that
+:func:`~blendserve.engines.step_cost.load_step_cost` fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
+from blendserve.engines.config import Timeouts
+from blendserve.engines.step_cost import StepCost
+from blendserve.errors import EngineError, EngineTimeout, UpstreamRejected
+
+__all__ = [
+    "MIN_POINTS",
+    "CalibrationError",
+    "Grid",
+    "Point",
+    "Progress",
+    "add_parser",
+    "describe",
+    "ignores_n",
+    "measure",
+    "run",
+    "summary",
+    "write_profile",
+]
+
+#: Points a profile needs: :meth:`StepCost.fit` has four coefficients.
+MIN_POINTS = 4
+#: The fewest tokens between the short and the long request that still measure a step.
+MIN_TOKEN_SPAN = 4
+#: Characters per prompt token guessed before the engine has counted one (digits and
+#: commas are a token each in some tokenizers).
+_CHARS_PER_TOKEN = 2.0
+
+#: Hears each line of progress.
+Progress = Callable[[str], None]
+
+
+class CalibrationError(Exception):
+    """Calibration cannot go on; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What is measured: every width at every context, at two lengths, ``reps`` times.
+
+    Attributes:
+        widths: sequences decoded at once (``n`` of a request).
+        contexts: prompt tokens, about.
+        tokens: the short and the long request's ``max_tokens``.
+        reps: repetitions of each point.
+
+    Raises:
+        ValueError: a value is not a positive integer, or ``tokens`` not two increasing ones.
+    """
+
+    widths: tuple[int, ...]
+    contexts: tuple[int, ...]
+    tokens: tuple[int, int] = (16, 80)
+    reps: int = 3
+
+    def __post_init__(self) -> None:
+        for name, values in (("widths", self.widths), ("contexts", self.contexts)):
+            if not values or min(values) < 1:
+                raise ValueError(f"{name} must be positive integers, got {values}")
+        if len(self.tokens) != 2 or not 0 < self.tokens[0] < self.tokens[1]:
+            raise ValueError(f"tokens must be two increasing positive integers, got {self.tokens}")
+        if self.reps < 1:
+            raise ValueError(f"reps must be at least 1, got {self.reps}")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured point of the profile.
+
+    Attributes:
+        batch: the width.
+        context: the prompt tokens asked for.
+        ctx: the mean context during the measured steps (prompt plus half the tokens made).
+        ms_median: the median step time over the repetitions, in ms.
+        ms_min: the shortest.
+        reps: repetitions.
+        tokens: the short and the long request's ``max_tokens``.
+    """
+
+    batch: int
+    context: int
+    ctx: float
+    ms_median: float
+    ms_min: float
+    reps: int
+    tokens: tuple[int, int]
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        """The point as a profile line, with ``fields`` (``engine``, ``model``) added."""
+        return {
+            "batch": self.batch,
+            "ctx": round(self.ctx, 1),
+            "ms_median": round(self.ms_median, 4),
+            "ms_min": round(self.ms_min, 4),
+            "reps": self.reps,
+            "tokens": list(self.tokens),
+            "context": self.context,
+            **fields,
+        }
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _reason(exc: BaseException) -> str:
+    """The error, and the one it came from where that says more (an upstream's answer)."""
+    cause = exc.__cause__
+    if cause is None or str(cause) in str(exc):
+        return str(exc)
+    return f"{exc} (last: {cause})"
+
+
+def ignores_n(engine: Engine) -> bool:
+    """Whether ``engine`` was seen to ignore ``n``, and so sends ``n`` single requests."""
+    from blendserve.engines.embedded import EmbeddedEngine
+    from blendserve.engines.openai import OpenAIEngine
+
+    inner = engine.inner if isinstance(engine, EmbeddedEngine) else engine
+    return isinstance(inner, OpenAIEngine) and inner.ignores_n
+
+
+def describe(engine: Engine) -> str:
+    """What is measured, in words: the engine's kind and, for upstreams, their URLs."""
+    from blendserve.engines.embedded import EmbeddedEngine
+    from blendserve.engines.openai import OpenAIEngine
+
+    if isinstance(engine, EmbeddedEngine):
+        return "embedded llama.cpp"
+    if isinstance(engine, OpenAIEngine):
+        return "openai " + ",".join(engine.urls)
+    return engine.name or type(engine).__name__
+
+
+def _counting(chars: int) -> str:
+    """``1, 2, 3, ...`` up to about ``chars`` characters, ending in a comma."""
+    pieces: list[str] = []
+    length = number = 0
+    while length < chars:
+        number += 1
+        pieces.append(f"{number}, ")
+        length += len(pieces[-1])
+    return "".join(pieces).rstrip(" ")
+
+
+class _Prober:
+    """Times the grid's requests on one engine."""
+
+    def __init__(
+        self, engine: Engine, grid: Grid, timeout: float | None, progress: Progress
+    ) -> None:
+        self.engine = engine
+        self.grid = grid
+        self.timeout = timeout
+        self.progress = progress
+        self.extra: Mapping[str, Any] = {"ignore_eos": True}
+        self.chars_per_token = _CHARS_PER_TOKEN
+
+    def prompt(self, context: int) -> str:
+        # A nonce first: no prefix cache makes one request's prefill cheaper than another's.
+        head = f"[{uuid.uuid4().hex[:12]}] Keep counting: "
+        body = round(context * self.chars_per_token) - len(head)
+        return head + _counting(max(body, 8))
+
+    async def timed(
+        self, width: int, context: int, max_tokens: int, label: str = ""
+    ) -> tuple[float, int, int, int]:
+        """Seconds, the longest sample's tokens, and the prompt's tokens and characters
+        of one request (``label`` names it in errors)."""
+        prompt = self.prompt(context)
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, extra=self.extra)
+        request = GenerateRequest(prompt=prompt, n=width, params=params, timeout=self.timeout)
+        where = f"width {width}, context {context} ({max_tokens} tokens{label})"
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout):  # for engines without request timeouts
+                samples: list[Sample] = await self.engine.generate(request)
+        except (EngineTimeout, TimeoutError) as exc:
+            limit = "its timeout" if self.timeout is None else f"--timeout {self.timeout:g} s"
+            raise CalibrationError(
+                f"the engine timed out at {where}: no answer within {limit}"
+            ) from exc
+        except EngineError as exc:
+            raise CalibrationError(f"the engine failed at {where}: {_reason(exc)}") from exc
+        wall = time.perf_counter() - started
+        if not samples:
+            raise CalibrationError(f"the engine returned no samples at {where}")
+        tokens = max(s.completion_tokens for s in samples)
+        return wall, tokens, max(s.prompt_tokens for s in samples), len(prompt)
+
+    async def warm_up(self) -> None:
+        """One unrecorded request of two samples; it learns the prompt's characters per token.
+
+        An engine that rejects ``ignore_eos`` is asked again without it (said once).
+        """
+        context, short = min(self.grid.contexts), self.grid.tokens[0]
+        try:
+            *_, prompt_tokens, chars = await self.timed(2, context, short, ", warm-up")
+        except CalibrationError as exc:
+            if not (self.extra and isinstance(exc.__cause__, UpstreamRejected)):
+                raise
+            self.progress(
+                f"the engine rejects ignore_eos ({exc.__cause__}): measuring without it, "
+                "so samples may stop early"
+            )
+            self.extra = {}
+            *_, prompt_tokens, chars = await self.timed(2, context, short, ", warm-up")
+        if prompt_tokens > 0:
+            self.chars_per_token = chars / prompt_tokens
+
+    async def point(self, width: int, context: int) -> Point:
+        """The point of ``width`` and ``context``, over the grid's repetitions."""
+        short, long = self.grid.tokens
+        steps: list[float] = []
+        prompts: list[float] = []
+        made: list[float] = []
+        for _ in range(self.grid.reps):
+            wall_short, tokens_short, prompt_short, _ = await self.timed(width, context, short)
+            wall_long, tokens_long, prompt_long, _ = await self.timed(width, context, long)
+            span = tokens_long - tokens_short
+            if span < MIN_TOKEN_SPAN:
+                raise CalibrationError(self._too_short(width, context, tokens_short, tokens_long))
+            steps.append(1000 * (wall_long - wall_short) / span)
+            prompts.append((prompt_short + prompt_long) / 2)
+            made.append((tokens_short + tokens_long) / 2)
+        ms = statistics.median(steps)
+        if ms <= 0:
+            raise CalibrationError(
+                f"at width {width}, context {context} the long requests took no longer than "
+                f"the short ones: the steps are lost in the noise; try larger --tokens"
+            )
+        prompt = statistics.median(prompts) or float(context)  # 0: the engine did not count it
+        ctx = prompt + statistics.median(made)
+        return Point(width, context, ctx, ms, min(steps), self.grid.reps, self.grid.tokens)
+
+    def _too_short(self, width: int, context: int, short: int, long: int) -> str:
+        if long == 0:
+            return "the engine reports no completion tokens (no usage): it cannot be measured"
+        return (
+            f"the engine stops too early to be measured: at width {width}, context {context} "
+            f"its longest samples had {short} and {long} tokens of {self.grid.tokens[0]} and "
+            f"{self.grid.tokens[1]} asked (at least {MIN_TOKEN_SPAN} apart needed); "
+            f"try a larger --tokens"
+        )
+
+
+async def measure(
+    engine: Engine,
+    grid: Grid,
+    *,
+    timeout: float | None = None,
+    progress: Progress = _quiet,
+) -> list[Point]:
+    """The grid's points on ``engine``, after one warm-up request; ``progress`` hears each.
+
+    Widths over ``engine.capacity`` are skipped (with a note). ``timeout`` bounds
+    each request (None: the engine's own timeout).
+
+    Raises:
+        CalibrationError: the engine failed, timed out, or stops too early to be measured.
+    """
+    prober = _Prober(engine, grid, timeout, progress)
+    capacity = engine.capacity
+    widths = [w for w in grid.widths if capacity is None or w <= capacity]
+    if len(widths) < len(grid.widths):
+        skipped = ", ".join(str(w) for w in grid.widths if w not in widths)
+        progress(f"widths {skipped}: skipped, over the engine's capacity of {capacity} sequences")
+    if len(widths) * len(grid.contexts) < MIN_POINTS:
+        raise CalibrationError(
+            f"only {len(widths) * len(grid.contexts)} points fit the engine's capacity: "
+            f"the fit needs {MIN_POINTS} (more --widths or --contexts)"
+        )
+    await prober.warm_up()
+    if ignores_n(engine):
+        progress(
+            "the engine ignores n (llama.cpp's server): width B is measured as B single "
+            "requests in parallel"
+        )
+    points = []
+    for context in grid.contexts:
+        for width in widths:
+            point = await prober.point(width, context)
+            progress(
+                f"width {width:>4}  context {context:>6}  ctx {point.ctx:>8.0f}: "
+                f"{point.ms_median:9.3f} ms per step (min {point.ms_min:.3f}, "
+                f"{_reps(point.reps)})"
+            )
+            points.append(point)
+    return points
+
+
+def write_profile(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Writes ``records`` to ``path`` as JSON lines, atomically (a temporary file, renamed).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    directory = path.parent
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record) + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def summary(fit: StepCost, points: Sequence[Point], records: Sequence[Mapping[str, Any]]) -> str:
+    """The fit, its worst relative error, and each context's step time relative to width 1."""
+    lines = [
+        "fit, ms per step = base + B x per_sequence + B x ctx x per_sequence_context "
+        "+ ctx x per_context:",
+        f"  base_ms {fit.base_ms:.6g}, per_sequence_ms {fit.per_sequence_ms:.6g}, "
+        f"per_sequence_context_ms {fit.per_sequence_context_ms:.6g}, "
+        f"per_context_ms {fit.per_context_ms:.6g}",
+        f"  worst error {fit.worst_error(records):.1%} over {len(records)} points",
+    ]
+    smallest = min(p.batch for p in points)
+    lines.append(f"step time relative to width {smallest}:")
+    for context in dict.fromkeys(p.context for p in points):
+        row = [p for p in points if p.context == context]
+        reference = next(p.ms_median for p in row if p.batch == smallest)
+        cells = "  ".join(
+            f"{p.batch}: {p.ms_median:.3g} ms ({p.ms_median / reference:.2f}x)" for p in row
+        )
+        lines.append(f"  context {context}: {cells}")
+    return "\n".join(lines)
+
+
+# --- the command line ---------------------------------------------------------------
+
+
+def _integers(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of positive integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"not a list of positive integers: {text!r}")
+    return values
+
+
+def _tokens(text: str) -> tuple[int, int]:
+    values = _integers(text)
+    if len(values) != 2 or values[0] >= values[1]:
+        raise argparse.ArgumentTypeError(
+            f"want two increasing token counts, short and long (like 16,80), got {text!r}"
+        )
+    return values[0], values[1]
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Registers the ``calibrate`` subcommand."""
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure what a decode step of an engine costs, by width and context",
+        description="Times requests of n samples at two lengths on one engine and writes "
+        "what a decode step costs at each width (n) and context, as the JSON lines that "
+        "--replay-profile FILE reads. The engine: --upstream URL (OpenAI-compatible, "
+        "repeatable), --vllm-model DIR, or, with neither, the embedded llama.cpp default.",
+    )
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument(
+        "--upstream",
+        action="append",
+        dest="upstreams",
+        default=[],
+        metavar="URL",
+        help="an OpenAI-compatible server (vLLM, SGLang, llama.cpp); repeat for replicas",
+    )
+    engine.add_argument("--vllm-model", metavar="DIR", help="vLLM in-process on this model")
+    parser.add_argument("--model", metavar="NAME", help="model name sent upstream / served as")
+    parser.add_argument("--api-key", metavar="KEY", help="bearer key for the upstreams")
+    parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="the profile")
+    parser.add_argument(
+        "--widths",
+        type=_integers,
+        default="1,4,16,32",
+        help="sequences at once (n), comma-separated (default 1,4,16,32)",
+    )
+    parser.add_argument(
+        "--contexts",
+        type=_integers,
+        default="256,1024",
+        help="prompt tokens, about, comma-separated (default 256,1024)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=_tokens,
+        default="16,80",
+        help="max_tokens of the short and the long request (default 16,80)",
+    )
+    parser.add_argument(
+        "--reps", type=_positive(int), default=3, help="repetitions of each point (default 3)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=600.0,
+        help="seconds one request may take (default 600)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _unreachable(exc: BaseException | None) -> bool:
+    """Whether the error (or one it came from) is a connection nobody accepted."""
+    import httpx2
+
+    seen = 0
+    while exc is not None and seen < 32:
+        if isinstance(exc, httpx2.ConnectError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+async def _served_model(engine: Engine) -> str | None:
+    try:
+        names = await asyncio.wait_for(engine.models(), 10)
+    except Exception:  # the name is a label: a profile is worth writing without it
+        return None
+    return names[0] if names else None
+
+
+async def _calibrate(args: argparse.Namespace, grid: Grid) -> tuple[list[Point], str, str | None]:
+    """Builds the engine as ``serve`` does, measures the grid, closes the engine."""
+    from blendserve.engines.factory import EngineConfig, build_engine
+    from blendserve.engines.openai import OpenAIEngine
+
+    config = EngineConfig(
+        upstreams=tuple(args.upstreams),
+        vllm_model=args.vllm_model,
+        model=args.model,
+        api_key=args.api_key,
+        timeouts=Timeouts(call=args.timeout),
+    )
+    try:
+        engine = await build_engine(config)
+    except (ValueError, EngineError) as exc:
+        raise CalibrationError(f"the engine cannot start: {exc}") from exc
+    try:
+        engine_name = describe(engine)
+        model = args.model or await _served_model(engine)
+        named = f"{engine_name} ({model})" if model else engine_name
+        _say(
+            f"calibrating {named}: widths {_listed(grid.widths)} x contexts "
+            f"{_listed(grid.contexts)}, tokens {grid.tokens[0]} and {grid.tokens[1]}, "
+            f"{_reps(grid.reps)}"
+        )
+        try:
+            points = await measure(engine, grid, timeout=args.timeout, progress=_say)
+        except CalibrationError as exc:
+            if isinstance(engine, OpenAIEngine) and _unreachable(exc):
+                urls = ", ".join(engine.urls)
+                raise CalibrationError(f"nothing answers at {urls} (connection refused)") from exc
+            raise
+        if ignores_n(engine):
+            engine_name += " (n as parallel single requests)"
+        return points, engine_name, model
+    finally:
+        await engine.aclose()
+
+
+def _reps(count: int) -> str:
+    return f"{count} rep" if count == 1 else f"{count} reps"
+
+
+def _listed(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measures and writes the profile; an error is one line on stderr and exit code 1."""
+    try:
+        grid = Grid(args.widths, args.contexts, args.tokens, int(args.reps))
+        if len(grid.widths) * len(grid.contexts) < MIN_POINTS:
+            raise ValueError(
+                f"{len(grid.widths)} widths x {len(grid.contexts)} contexts make "
+                f"{len(grid.widths) * len(grid.contexts)} points: the fit needs {MIN_POINTS}"
+            )
+    except ValueError as exc:
+        _say(f"blendserve calibrate: error: {exc}")
+        return 2
+    try:
+        points, engine_name, model = asyncio.run(_calibrate(args, grid))
+        if len(points) < MIN_POINTS:
+            raise CalibrationError(
+                f"only {len(points)} points were measured: the fit needs {MIN_POINTS}"
+            )
+        records = [p.record(engine=engine_name, model=model) for p in points]
+        fit = StepCost.fit(records, name=args.out.name)
+        try:
+            write_profile(args.out, records)
+        except OSError as exc:
+            raise CalibrationError(f"cannot write {args.out}: {exc}") from exc
+    except CalibrationError as exc:
+        _say(f"blendserve calibrate: error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        _say("blendserve calibrate: interrupted")
+        return 130
+    _say(f"wrote {len(records)} points to {args.out}")
+    print(summary(fit, points, records))
+    return 0

@@ -1,0 +1,214 @@
+"""What the engine's decode steps cost, as the service knows it: a profile, refined live.
+
+A profile (``--engine-profile``, a shipped fit or a file ``blendserve
+calibrate`` wrote) is the prior. An engine that is vLLM, upstream or in
+process, also tells what its steps cost while it serves: between two readings
+of its Prometheus series, the inter-token latency histogram's sum over its
+count is the mean step time, its count over the steps taken (the iteration
+histogram's count) the mean width; the requests finished since the first
+reading, their prompt and half their generation tokens, the mean context.
+:class:`EngineCost` keeps those observations (the last :data:`WINDOW`): once
+they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
+``step = a + b * width`` at their context (``a, b >= 0``), each weighed by its
+steps (relative error); before that, the profile scaled to their level (its shape,
+their speed); before any, the profile as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+
+from blendserve.engines.step_cost import StepCost
+from blendserve.stats import NO_STATS, Stats
+
+__all__ = [
+    "COST_SERIES",
+    "MIN_STEPS",
+    "MIN_WIDTH_SPREAD",
+    "REPORTED_WIDTHS",
+    "WINDOW",
+    "CostPoint",
+    "EngineCost",
+    "cost_counters",
+]
+
+# vLLM's inter-token latency histogram (older vLLM: time per output token), its
+# steps (one iteration-tokens observation a step) and finished requests' lengths.
+_LATENCY = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+_STEPS = "vllm:iteration_tokens_total"
+_PROMPT = "vllm:request_prompt_tokens"
+_GENERATION = "vllm:request_generation_tokens"
+
+#: The series read for the live estimate (each summed over its label sets).
+COST_SERIES: tuple[str, ...] = tuple(
+    f"{name}_{part}"
+    for name in (*_LATENCY, _STEPS, _PROMPT, _GENERATION)
+    for part in ("sum", "count")
+)
+#: Observations kept for the live fit.
+WINDOW = 256
+#: Steps an observation needs (fewer: the readings are merged until it has them).
+MIN_STEPS = 20
+#: How far apart (a ratio) the widths seen must be to fit a line through them.
+MIN_WIDTH_SPREAD = 2.0
+#: Widths at which ``/metrics`` and ``/health`` show the step time.
+REPORTED_WIDTHS = (1, 8, 32, 128, 512)
+_DEFAULT_CTX = 1024.0
+
+
+def cost_counters(samples: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """The :data:`COST_SERIES` among ``(name, value)`` samples, each summed over its label sets."""
+    totals: dict[str, float] = {}
+    for name, value in samples:
+        if name in COST_SERIES and math.isfinite(value):
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """One observation: ``steps`` decode steps of ``batch`` sequences, ``ms`` each."""
+
+    batch: float
+    ms: float
+    steps: float
+
+
+def _latency_delta(now: Mapping[str, float], before: Mapping[str, float]) -> tuple[float, float]:
+    """Seconds and tokens of inter-token latency between two readings (either series name)."""
+    for name in _LATENCY:
+        if f"{name}_count" in now and f"{name}_count" in before:
+            return (
+                now.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0),
+                now[f"{name}_count"] - before[f"{name}_count"],
+            )
+    return 0.0, 0.0
+
+
+def _context_delta(now: Mapping[str, float], first: Mapping[str, float]) -> tuple[float, float]:
+    """Requests finished between two readings, and their prompt plus half their generation
+    tokens, summed."""
+
+    def delta(name: str) -> float:
+        return now.get(name, 0.0) - first.get(name, 0.0)
+
+    tokens = delta(f"{_PROMPT}_sum") + delta(f"{_GENERATION}_sum") / 2
+    return tokens, delta(f"{_PROMPT}_count")
+
+
+class EngineCost:
+    """The engine's step cost: a prior profile, observations from vLLM's series, their fit.
+
+    Args:
+        prior: the configured profile (None: none, learnt from traffic alone).
+        source: where the prior came from, as ``/health`` says it.
+        sink: where the step times at :data:`REPORTED_WIDTHS` are reported when they change.
+    """
+
+    def __init__(self, prior: StepCost | None = None, source: str = "", sink: Stats = NO_STATS):
+        self.prior = prior
+        self.source = source or (prior.name if prior is not None else "")
+        self.sink = sink
+        self.points: deque[CostPoint] = deque(maxlen=WINDOW)
+        self._last: dict[str, dict[str, float]] = {}
+        self._first: dict[str, dict[str, float]] = {}
+        self._fit = prior
+        self.report()
+
+    def report_to(self, sink: Stats) -> None:
+        """Reports to ``sink`` from now on, starting with the current step times."""
+        self.sink = sink
+        self.report()
+
+    def report(self) -> None:
+        """Tells the sink the step time at :data:`REPORTED_WIDTHS` (nothing while unknown)."""
+        fit = self._fit
+        if fit is not None:
+            self.sink.engine_step_cost(
+                {b: fit.step_ms(b, self._ctx) / 1000 for b in REPORTED_WIDTHS}, len(self.points)
+            )
+
+    @property
+    def _ctx(self) -> float:
+        """The mean context of the requests finished since each source's first reading."""
+        tokens = requests = 0.0
+        for source, first in self._first.items():
+            more, count = _context_delta(self._last[source], first)
+            tokens, requests = tokens + more, requests + count
+        return tokens / requests if requests > 0 else _DEFAULT_CTX
+
+    @property
+    def current(self) -> StepCost | None:
+        """The fit in use: the live one where there is one, else the prior (None: unknown)."""
+        return self._fit
+
+    def observe(self, source: str, counters: Mapping[str, float]) -> CostPoint | None:
+        """Takes one reading of ``source``'s :data:`COST_SERIES`; the observation it made, if any.
+
+        A reading whose counters went down (a restarted engine) starts over;
+        one with fewer than :data:`MIN_STEPS` steps since the last kept waits
+        for the next.
+        """
+        before = self._last.get(source)
+        steps_name = f"{_STEPS}_count"
+        if before is None or counters.get(steps_name, 0.0) < before.get(steps_name, 0.0):
+            self._last[source] = self._first[source] = dict(counters)
+            return None
+        steps = counters.get(steps_name, 0.0) - before.get(steps_name, 0.0)
+        if steps < MIN_STEPS:
+            return None
+        self._last[source] = dict(counters)
+        seconds, tokens = _latency_delta(counters, before)
+        if tokens <= 0 or seconds <= 0:
+            return None
+        point = CostPoint(max(1.0, tokens / steps), 1000 * seconds / tokens, steps)
+        self.points.append(point)
+        self._fit = self._refit()
+        self.report()
+        return point
+
+    def _refit(self) -> StepCost | None:
+        points = list(self.points)
+        steps = [p.steps for p in points]
+        ctx = self._ctx
+        widths = [p.batch for p in points]
+        prior = self.prior
+        if max(widths) >= MIN_WIDTH_SPREAD * min(widths):
+            batch, ms, weight = np.array([(p.batch, p.ms, p.steps) for p in points]).T
+            root = np.sqrt(weight)
+            design = np.stack([np.ones_like(batch), batch], axis=1) / ms[:, None] * root[:, None]
+            (at_ctx, per_width), _ = optimize.nnls(design, root)
+            return StepCost(float(at_ctx), float(per_width), 0.0, 0.0, name="live")
+        if prior is None:
+            return None
+        scale = float(
+            np.average([p.ms / prior.step_ms(round(p.batch), ctx) for p in points], weights=steps)
+        )
+        return StepCost(
+            base_ms=scale * prior.base_ms,
+            per_sequence_ms=scale * prior.per_sequence_ms,
+            per_sequence_context_ms=scale * prior.per_sequence_context_ms,
+            per_context_ms=scale * prior.per_context_ms,
+            name=f"{self.source} x {scale:.3g}",
+        )
+
+    def describe(self) -> dict[str, object] | None:
+        """What ``/health`` shows: the fit's source and fields, its step times, the observations."""
+        fit = self._fit
+        if fit is None and not self.points:
+            return None
+        return {
+            "profile": self.source or None,
+            "live_observations": len(self.points),
+            "context": round(self._ctx),
+            "fit": None if fit is None else fit.as_dict(),
+            "step_ms": None
+            if fit is None
+            else {str(b): round(fit.step_ms(b, self._ctx), 3) for b in REPORTED_WIDTHS},
+        }
