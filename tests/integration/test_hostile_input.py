@@ -171,6 +171,21 @@ def test_a_lone_surrogate_is_a_422_naming_the_field_and_nothing_goes_upstream(
     assert served.status_code == 200, served.text
 
 
+def test_a_lone_surrogate_never_reaches_the_upstream_tokenizer() -> None:
+    fake = FakeServer(FakeState(name="up", tokenizer=True)).start()
+    try:
+        with serve_engine(OpenAIEngine([fake.url])) as live:
+            raw = r'{"model": "fake-model", "prompt": "a\ud800"}'
+            headers = {"Content-Type": "application/json"}
+            refused = httpx.post(f"{live.url}/tokenize", content=raw, headers=headers)
+            error = error_body(refused, 422)
+            assert error["param"] == "prompt" and "surrogate" in error["message"]
+            fine = httpx.post(f"{live.url}/tokenize", content=raw.replace(r"\ud800", "é"))
+            assert fine.status_code == 200, fine.text
+    finally:
+        fake.kill()
+
+
 @pytest.mark.parametrize(
     ("line", "lineno"),
     [

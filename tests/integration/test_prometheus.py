@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from blendserve.engines.config import RetryPolicy
+from blendserve.engines.engine_cost import EngineCost
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.step_cost import SHIPPED
 from blendserve.service import Settings, create_app
 
 from tests.support.command import PORT_TAKEN, free_port
@@ -107,7 +109,9 @@ def test_every_dashboard_query_returns_data(prometheus: tuple[str, Path]) -> Non
     upstream = FakeServer(FakeState(name="up", latency=0.05, fail_next=2)).start()
 
     async def factory() -> OpenAIEngine:
-        return OpenAIEngine([upstream.url], retry=RetryPolicy(backoff_base=0.01))
+        engine = OpenAIEngine([upstream.url], retry=RetryPolicy(backoff_base=0.01))
+        engine.cost = EngineCost(SHIPPED["qwen2.5-7b-h100"])  # --engine-profile's step gauges
+        return engine
 
     try:
         with LiveServer(create_app(Settings(), engine_factory=factory)) as live:
