@@ -5,7 +5,7 @@ reproduces a fix of the engines issue:
 
 * ``metrics``: a fake upstream (``tests/support/fake_openai.py``, no model)
   whose ``/metrics`` carries vLLM's running gauge in 100,000 label sets (3.7
-  MB, under the 4 MiB cap), behind ``--engine-capacity 32``, whose load is
+  MiB, under the 4 MiB cap), behind ``--engine-capacity 32``, whose load is
   read every half second: 4-question ``/solve`` jobs each under 1 s and
   ``/health`` meanwhile at p99 under 0.5 s (it was parsed on the event loop:
   stalls of 2-4 s, such a ``/solve`` 6-7 s).
@@ -45,11 +45,16 @@ def _solve(questions: int, budget: int, **options: Any) -> dict[str, Any]:
     return {"questions": asked, "budget": budget, "answer": {"kind": "number"}, **options}
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[str, float]:
+def _post(
+    url: str, body: dict[str, Any], timeout: float, client: httpx.Client | None = None
+) -> tuple[str, float]:
     """What became of one ``/solve`` (its status, an HTTP status, or the error) and its seconds."""
     started = time.monotonic()
     try:
-        reply = httpx.post(f"{url}/solve", json=body, timeout=timeout)
+        if client is None:
+            reply = httpx.post(f"{url}/solve", json=body, timeout=timeout)
+        else:
+            reply = client.post(f"{url}/solve", json=body, timeout=timeout)
         status = str(reply.json()["status"] if reply.status_code == 200 else reply.status_code)
     except httpx.HTTPError as exc:
         status = type(exc).__name__
@@ -100,8 +105,8 @@ def metrics(label_sets: int = 100_000, jobs: int = 10, quiet_s: float = 3.0) -> 
     took = [seconds for _, seconds in solves]
     statuses = Counter(status for status, _ in [warm, *solves])
     print(
-        f"metrics: an upstream /metrics of {label_sets:,} label sets ({len(many) / 1e6:.1f} MB), "
-        f"--engine-capacity 32; read {read} time(s) in "
+        f"metrics: an upstream /metrics of {label_sets:,} label sets "
+        f"({len(many) / 2**20:.1f} MiB), --engine-capacity 32; read {read} time(s) in "
         f"{warm[1] + sum(took) + quiet_s:.1f} s (none after a reading without vLLM's gauges)\n"
         f"  /solve statuses {dict(statuses)}; {jobs} of 4 questions: {_ms(took)} "
         f"(target under 1 s each)\n"
@@ -114,23 +119,28 @@ def metrics(label_sets: int = 100_000, jobs: int = 10, quiet_s: float = 3.0) -> 
 # --- replay ----------------------------------------------------------------------------
 
 
-def replay(rounds: int = 20, budget: int = 1000, later_timeout: float = 10.0) -> bool:
+def replay(
+    rounds: int = 20, budget: int = 1000, leave_s: float = 0.005, later_timeout: float = 10.0
+) -> bool:
     """Capacity-3 replay: ``max_rounds`` 1 jobs, finished or left, each then a budget-1 job."""
     records = [{"id": f"q{i}", "answers": ["1", "2", "1"]} for i in range(4)]
     lines: list[str] = []
+    big_statuses: Counter[str] = Counter()
     later: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "answers.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in records))
         flags = ["--engine", "replay", "--data", str(data), "--replay-capacity", "3"]
-        with serve(flags) as served:
+        with serve(flags) as served, httpx.Client() as client:
             for i in range(rounds):
-                left = i % 2 == 1  # every other big job is left by its client mid-way
-                big = _post(served.url, _solve(1, budget, max_rounds=1), 0.05 if left else 60)
-                after = _post(served.url, _solve(1, 1), later_timeout)
+                left = i % 2 == 1  # every other big job is left by its client after leave_s
+                big_job = _solve(1, budget, max_rounds=1)
+                big = _post(served.url, big_job, leave_s if left else 60, client)
+                after = _post(served.url, _solve(1, 1), later_timeout, client)
+                big_statuses[big[0]] += 1
                 later.append(after)
                 lines.append(
-                    f"  {'left' if left else 'finished'}: {big[0]} in {big[1] * 1000:.0f} ms, "
+                    f"  {'left' if left else 'finished'}: {big[0]} after {big[1] * 1000:.0f} ms, "
                     f"then budget 1: {after[0]} in {after[1] * 1000:.0f} ms"
                 )
             accounting, waited = settle_accounting(served.url, timeout=10.0)
@@ -140,7 +150,8 @@ def replay(rounds: int = 20, budget: int = 1000, later_timeout: float = 10.0) ->
         f"replay: --replay-capacity 3, {rounds} jobs of max_rounds 1 and budget {budget:,} "
         f"(finished or left), each followed by a budget-1 /solve (timeout {later_timeout:g} s)\n"
         + "\n".join(lines[:4])
-        + f"\n  ...\n  budget-1 jobs: {dict(statuses)}, {_ms([s for _, s in later])}; "
+        + f"\n  ...\n  big jobs: {dict(big_statuses)}; "
+        f"budget-1 jobs: {dict(statuses)}, {_ms([s for _, s in later])}; "
         f"samples in flight at the end {in_flight:g}; accounting "
         f"{'holds' if accounting.holds() else f'does NOT hold after {waited:.1f} s'}: "
         f"{accounting.describe()}"
@@ -150,10 +161,3 @@ def replay(rounds: int = 20, budget: int = 1000, later_timeout: float = 10.0) ->
 
 #: Phase name -> its run (True: its checks passed).
 PHASES: dict[str, Callable[[], bool]] = {"metrics": metrics, "replay": replay}
-
-
-if __name__ == "__main__":
-    import sys
-
-    chosen = sys.argv[1:] or list(PHASES)
-    sys.exit(0 if all([PHASES[name]() for name in chosen]) else 1)

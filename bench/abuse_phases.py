@@ -12,7 +12,10 @@ Each reproduces a fix the integration tests check, and measures it:
 * ``tokenizer``: 600 ``/tokenize`` calls at once (429s beyond the job limit) and
   an 18.9 MB ``/detokenize`` body (413), ``/v1`` and ``/health`` meanwhile.
 
-:data:`PHASES` also holds the upstream fault phases of ``bench/abuse_faults.py``.
+:data:`PHASES` also holds the upstream fault phases of ``bench/abuse_faults.py``,
+the many-clients phase of ``bench/abuse_clients.py``, the hostile-input phases
+of ``bench/abuse_inputs.py`` and the abused-engine phases of
+``bench/abuse_engines.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import time
 from collections.abc import Callable
 
 import httpx
+from abuse_clients import PHASES as CLIENT_PHASES
+from abuse_engines import PHASES as ENGINE_PHASES
 from abuse_faults import FAULT_PHASES
+from abuse_inputs import PHASES as INPUT_PHASES
 from blendserve.engines.base import Engine
 from blendserve.engines.config import Limits
 from blendserve.engines.openai import OpenAIEngine
@@ -232,4 +238,7 @@ PHASES: dict[str, Callable[[], bool]] = {
     "sympy": sympy,
     "tokenizer": tokenizer,
     **FAULT_PHASES,
+    **CLIENT_PHASES,
+    **INPUT_PHASES,
+    **ENGINE_PHASES,
 }

@@ -1,6 +1,6 @@
 """Hostile clients against ``blendserve serve``: slowloris, streams nobody reads, and more.
 
-Twelve phases, chosen with ``--phases`` (default: all). For the first three it
+Seventeen phases, chosen with ``--phases`` (default: all). For the first three it
 starts the real command (``blendserve serve --engine replay`` on DATA) on
 loopback with a soft limit of 1,024 open descriptors (as a default ``ulimit -n``
 gives it), then runs them bounded, each ``--duration`` seconds:
@@ -19,7 +19,7 @@ and the queued-questions gauge at the end (a reader whose job has finished
 keeps its connection open for keep-alive, its unread reply in the socket
 buffers), and the server's descriptors and RSS.
 
-The other nine need no DATA and run first, each against a server of its own,
+The other fourteen need no DATA and run first, each against a server of its own,
 over the replay engine or a fake upstream on loopback: four in this process
 (``bench/abuse_phases.py``):
 
@@ -42,20 +42,38 @@ and five upstream faults against ``blendserve serve`` processes
 10. ``hung``: an upstream that never answers: when each request ends;
 11. ``nested``: upstream bodies nested 200,000 deep: what each route answers;
 12. ``accounting``: faults in turn against one server, then its sample
-    accounting (dispatched = completed + failed + cancelled + in flight).
+    accounting (dispatched = completed + failed + cancelled + in flight);
+
+and five more, each against a ``blendserve serve`` of its own
+(``bench/abuse_clients.py``, ``bench/abuse_inputs.py``, ``bench/abuse_engines.py``):
+
+13. ``clients``: the same ``/v1`` traffic as one client id, then as 40 (each
+    fitting a prior, so a wave programme, of its own): ``/health`` p99 beside each;
+14. ``extra``: 2 MiB of ``sampling.extra`` in a 100-question ``/solve``, and of
+    an undeclared ``/v1`` field: status, time, upstream requests and bytes;
+15. ``auth``: ``/v1`` requests with two ``Authorization`` headers, in both orders;
+16. ``metrics``: an upstream ``/metrics`` of 100,000 label sets read every half
+    second: ``/solve`` and ``/health`` times meanwhile;
+17. ``replay``: ``--replay-capacity 3``, one-wave jobs of budget 1,000 finished
+    or left mid-way, each followed by a budget-1 ``/solve``; then the accounting.
 
 Exits 1 if ``/health`` ever took 1 s or more or failed, or if no fresh ``/solve``
-was admitted in one of the first three phases; or if one of the other nine
+was admitted in one of the first three phases; or if one of the other fourteen
 missed its target: every plain ``/v1`` within 2 s and no sample in flight
 after; every flood request a 200 and ``/metrics`` under 1 MB; the other key
 delayed by under 1 s; some ``/tokenize`` refused with 429 and the body with 413;
 answers within 3 s of the upstream's return; replies under 1 MB and ``/health``
 p99 under 200 ms; every request ended within the two timeouts plus 1 s; every
-reply the error contract; the accounting holding (in every fault phase).
+reply the error contract; the accounting holding (in every fault phase); the
+``/health`` p99 beside 40 client ids within 1.5x of that beside one; the large
+fields and the doubled headers refused with nothing sent upstream; every
+``/solve`` under 1 s and ``/health`` p99 under 0.5 s beside the ``/metrics``
+flood; every budget-1 ``/solve`` after the replay jobs completed, the
+accounting holding.
 
 Usage: python bench/bench_abuse.py [DATA.jsonl] [--duration 40] [--slowloris 1000]
 [--readers 10] [--phases slowloris readers both dropped labels sympy tokenizer
-breaker keys hung nested accounting]
+breaker keys hung nested accounting clients extra auth metrics replay]
 """
 
 from __future__ import annotations

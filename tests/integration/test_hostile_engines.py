@@ -29,7 +29,7 @@ from tests.support.live import LiveServer
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "What is 6 * 7?"}]
-#: vLLM's running gauge in 100,000 label sets: 3.7 MB, under the cap on a ``/metrics`` body.
+#: vLLM's running gauge in 100,000 label sets: 3.7 MiB, under the cap on a ``/metrics`` body.
 MANY_LABEL_SETS = "".join(f'vllm:num_requests_running{{x="{i}"}} 0\n' for i in range(100_000))
 
 
@@ -104,7 +104,7 @@ def test_replay_capacity_survives_jobs_whose_samples_are_cancelled_as_others_end
             big = _solve(1, 1000, max_rounds=1)
             if leave:
                 with contextlib.suppress(httpx.TimeoutException):  # it leaves mid-way
-                    httpx.post(f"{url}/solve", json=big, timeout=0.05)
+                    httpx.post(f"{url}/solve", json=big, timeout=0.02)
             else:
                 done = httpx.post(f"{url}/solve", json=big, timeout=30)
                 assert done.status_code == 200 and done.json()["status"] == "completed"

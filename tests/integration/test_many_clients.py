@@ -131,7 +131,7 @@ def test_fitted_priors_of_many_clients_are_never_built_on_the_loop(
             def ask() -> None:
                 _ask(live.url, f"client-{c}", prompts[:FITTED])  # its prior refits once
                 for vote in _ask(live.url, f"client-{c}", prompts[FITTED:]):
-                    assert vote["answer"] in ("1", "2")
+                    assert vote["answer"] in ("1", "2"), vote
 
             return ask
 
@@ -176,13 +176,16 @@ def test_a_budget_past_the_programmes_horizon_says_so() -> None:
 
 
 def test_idle_clients_and_pools_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool_module, "IDLE_CLIENT_S", 0.0)
     records = [{"prompt": "easy", "answers": ["3"]}]
     with serve_engine(ReplayEngine(records, seed=1), client_header=HEADER) as live:
         _in_threads(
             [lambda c=c: _ask(live.url, f"idle-{c}", ["easy"]) for c in range(CLIENTS)]  # type: ignore[misc]
         )
-        assert len(_pool_clients(live)) == CLIENTS  # none is idle while being asked for
+        assert len(_pool_clients(live)) == CLIENTS  # none idle for ten minutes yet
+        # From now on a client or a pool is idle as soon as it has no open question.
+        monkeypatch.setattr(pool_module, "IDLE_CLIENT_S", 0.0)
+        for pool in live.service.dropin.pools.pools.values():
+            pool.idle_client_s = 0.0
         _ask(live.url, None, ["easy"], budget=9)  # another pool: every idle pool goes
         _ask(live.url, "late", ["easy"], budget=9)  # its idle clients go
         pools = live.service.dropin.pools.pools

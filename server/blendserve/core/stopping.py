@@ -187,7 +187,8 @@ class StoppingRule:
         log_tau: float,
         rounds: int = 0,
     ) -> int:
-        """Samples to request next for one question that has had ``rounds`` waves (0: done).
+        """Samples to request next for one question that has had ``rounds`` waves (0: done;
+        never 0 before its first sample).
 
         :meth:`samples_to_stop`, raised to ``min_growth`` times the samples it
         has, so a contested question needs few rounds (at the price of a few
@@ -200,7 +201,9 @@ class StoppingRule:
         left = self.max_num_samples - num_samples
         if self.prior is not None:
             rounds_left = self.max_rounds - rounds
-            return max(0, min(left, self.prior.wave(n1, n2, num_samples, log_tau, rounds_left)))
+            wave = self.prior.wave(n1, n2, num_samples, log_tau, rounds_left)
+            # At a price past a vote's worth the programme would answer with no sample.
+            return max(0 if num_samples else 1, min(left, wave))
         need = self.samples_to_stop(n1, n2, num_distinct, num_samples, log_tau)
         if need == 0:
             return 0

@@ -162,6 +162,10 @@ def test_a_learned_prior_sizes_the_waves_within_the_cap_and_the_rounds() -> None
     assert rule.wave_size(3, 3, 2, 9, log_price, rounds=1) == 3  # what the cap leaves
     assert rule.wave_size(3, 3, 2, 6, log_price, rounds=2) == 0  # no round left
     assert not rule.is_done(3, 3, 2, 6, log_price) and rule.is_done(12, 0, 1, 12, -2.0)
+    # Votes priced past their worth: the programme stops at once, but a question never
+    # goes without a sample (its answer would be none).
+    assert VotePrior().wave(0, 0, 0, -0.5, 2) == 0
+    assert rule.wave_size(0, 0, 0, 0, -0.5) == 1 and rule.wave_size(1, 0, 1, 1, -0.5) == 0
     for unplanned in ({"max_rounds": 0}, {"max_rounds": 2, "score": "ppr"}):
         with pytest.raises(ValueError):
             StoppingRule(max_num_samples=12, prior=VotePrior(), **unplanned)

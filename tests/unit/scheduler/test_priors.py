@@ -67,13 +67,16 @@ def test_awaited_builds_go_before_background_ones() -> None:
 
     async def ask() -> None:
         builds = Builds.here()
-        builds.later("a", build("a", wait=True))
-        builds.later("b", build("b"))
-        builds.later("c", build("c"))
+        background = [
+            builds.ask("a", build("a", wait=True), now=False),
+            builds.ask("b", build("b"), now=False),
+            builds.ask("c", build("c"), now=False),
+        ]
         await builds.run("now", build("now"))
         again = builds.ask("c", build("again"))  # queued: the same build
         gate.set()
         await again
+        await asyncio.gather(*background)  # a build left queued is cancelled with its loop
 
     run_coroutine(ask())
     assert order[0] == "now" and order.index("c") < order.index("b")
