@@ -217,7 +217,7 @@ def test_prefix_caching_is_on(upstream: str) -> None:
 
 #: The cost model learns from a counting question in a plain prompt (a short prefill),
 #: about 30 tokens a sample. vLLM's CPU build on two cores makes about 10 tokens a second
-#: whatever the width. Predicted against measured wall times: bench/bench_cost_model.py.
+#: whatever the width.
 COST_QUESTIONS = [{"id": "c0", "prompt": "Count from 1 to 10, separated by commas:\n"}]
 SAMPLING = {"temperature": 0.8, "max_tokens": 96, "stop": ["\n"]}
 WIDTH = 8
@@ -243,6 +243,7 @@ def _context_counters(upstream: str) -> tuple[float, float]:
     return prompt + generation / 2, gauge(text, "vllm:request_prompt_tokens_count")
 
 
+@pytest.mark.timeout(1800)  # the first to ask pays for vLLM's start and the calibration
 def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
     upstream: str, calibrated: Path
 ) -> None:
@@ -271,9 +272,29 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
           f"{errors}")  # fmt: skip
     assert abs(cost["context"] / context - 1) <= 0.25, (cost, context)
     assert cost["step_ms"]["1"] < cost["step_ms"]["8"], cost
-    # Within 25% on an idle machine; a busy one (the calibration and the traffic minutes
-    # apart) has shown 2x, so a test on a shared machine checks the order of magnitude.
-    assert all(-0.6 <= e <= 1.5 for e in errors.values()), (cost, errors)
+    # Idle, within 25% (-2% and +14%, -9% and +20%); a machine busy during the traffic
+    # but not the calibration has shown 2x, so a test on a shared machine allows 50%.
+    assert all(abs(e) <= 0.5 for e in errors.values()), (cost, errors)
+
+
+@pytest.mark.timeout(1800)  # the first to ask pays for vLLM's start and the calibration
+def test_the_calibrated_profile_predicts_a_jobs_wall_time_and_sc32s(
+    upstream: str, calibrated: Path
+) -> None:
+    """The replay engine on the calibration predicts the ratio of a default job's wall time
+    to SC@32's through blendserve in front of vLLM within 15%, and each within 40%.
+
+    Each is under-predicted here by about a quarter: on two cores shared by vLLM's two
+    processes, blendserve and this test, a decode step in this traffic is slower than
+    in the calibration's (the live cost model sees +20% at width 8), and the model has
+    no prefill. The ratio, what a plan decides on, is near."""
+    from tests.support.cost_model import compare
+
+    found = compare(upstream, calibrated, width=WIDTH)
+    print(found.describe())
+    assert 0.6 <= found.sc_predicted / found.sc_measured <= 1.4, found
+    assert 0.6 <= found.default_predicted / found.default_measured <= 1.4, found
+    assert abs(found.ratio_error) <= 0.15, found
 
 
 def _in_flight(url: str) -> float:

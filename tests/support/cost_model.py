@@ -1,0 +1,116 @@
+"""The cost model against a real engine: a job's wall time predicted and measured.
+
+Two greedy counting questions (every sample of a question the same line, so
+lengths are known) are asked as SC@32 and as a default job through a
+blendserve in this process in front of the engine, at most ``width`` samples
+in flight a job; then the replay engine on the engine's calibrated profile
+(the SC@32 run's answers and mean length, ``width`` sequences at once)
+predicts both. Used by ``bench/bench_cost_model.py`` and the vLLM lane.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.engines.step_cost import load_step_cost
+from blendserve.service import Settings, create_app
+
+from tests.support.live import LiveServer, serve_engine
+
+__all__ = ["Comparison", "compare"]
+
+QUESTIONS = [
+    {"id": "c0", "prompt": "Count from 1 to 10, separated by commas:\n"},
+    {"id": "c1", "prompt": "Count up from 1 to 10, separated by commas:\n"},
+]
+GREEDY = {"temperature": 0.0, "max_tokens": 96, "stop": ["\n"]}
+SC = {"budget_per_question": 32, "policy": "sc"}
+DEFAULT = {"budget_per_question": 8}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Measured and predicted seconds of SC@32 and of the default job."""
+
+    length: float
+    width: int
+    default_samples: int
+    sc_measured: float
+    sc_predicted: float
+    default_measured: float
+    default_predicted: float
+
+    @property
+    def ratio_error(self) -> float:
+        """Predicted default/SC@32 ratio over the measured one, less 1."""
+        predicted = self.default_predicted / self.sc_predicted
+        return predicted / (self.default_measured / self.sc_measured) - 1
+
+    def describe(self) -> str:
+        """Predicted against measured, a line each."""
+        sc, default = self.sc_predicted, self.default_predicted
+        return (
+            f"{self.length:.1f} tokens a sample, at most {self.width} in flight\n"
+            f"SC@32:   measured {self.sc_measured:.1f} s, predicted {sc:.1f} s "
+            f"({sc / self.sc_measured:.2f}x)\n"
+            f"default: measured {self.default_measured:.1f} s ({self.default_samples} samples), "
+            f"predicted {default:.1f} s ({default / self.default_measured:.2f}x)\n"
+            f"default / SC@32: measured {self.default_measured / self.sc_measured:.3f}, "
+            f"predicted {default / sc:.3f} ({self.ratio_error + 1:.2f}x)"
+        )
+
+
+def _timed_solve(url: str, width: int, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Seconds a ``/solve`` of :data:`QUESTIONS` took, and its result."""
+    request = {"questions": QUESTIONS, "answer": {"kind": "number"}, "sampling": GREEDY,
+               "concurrency": width, **body}  # fmt: skip
+    started = time.monotonic()
+    response = httpx.post(f"{url}/solve", json=request, timeout=3600).raise_for_status()
+    return time.monotonic() - started, response.json()
+
+
+def _predicted(
+    profile: Path, records: list[dict[str, Any]], length: float, width: int, scale: float,
+    body: dict[str, Any],
+) -> float:  # fmt: skip
+    """Seconds the replay engine on ``profile`` takes for the job, in the engine's time."""
+    latency = LatencyModel(
+        length=(math.log(length), 0.0),
+        step_cost=load_step_cost(profile),
+        max_concurrent_sequences=width,
+        time_scale=scale,
+    )
+    engine = ReplayEngine(records, latency=latency, seed=1)
+    with serve_engine(engine, default_concurrency=64) as live:
+        seconds, _ = _timed_solve(live.url, width, body)
+    return seconds / scale
+
+
+def compare(upstream: str, profile: Path, width: int = 8, scale: float = 0.25) -> Comparison:
+    """Both jobs run through blendserve in front of ``upstream`` (a ``/v1`` URL), then
+    predicted on ``profile`` by the replay engine at ``scale`` times its speed."""
+    app = create_app(Settings(upstreams=(upstream,), group_wait_ms=0))
+    with LiveServer(app, timeout=60) as live:
+        sc_s, sc = _timed_solve(live.url, width, SC)
+        default_s, default = _timed_solve(live.url, width, DEFAULT)
+    records = [
+        {"id": a["id"], "prompt": q["prompt"],
+         "answers": [v for v, k in a["votes"].items() for _ in range(k)]}
+        for a, q in zip(sc["answers"], QUESTIONS, strict=True)
+    ]  # fmt: skip
+    length = sc["usage"]["completion_tokens"] / sc["usage"]["samples"]
+    return Comparison(
+        length=length,
+        width=width,
+        default_samples=default["budget"]["spent"],
+        sc_measured=sc_s,
+        sc_predicted=_predicted(profile, records, length, width, scale, SC),
+        default_measured=default_s,
+        default_predicted=_predicted(profile, records, length, width, scale, DEFAULT),
+    )
