@@ -100,6 +100,8 @@ class Point:
         ctx: the mean context during the measured steps (prompt plus half the tokens made).
         ms_median: the median step time over the repetitions, in ms.
         ms_min: the shortest.
+        first_ms: the median time of the short request beyond its steps, in ms: its
+            prefill and the request's own overhead.
         reps: repetitions.
         tokens: the short and the long request's ``max_tokens``.
     """
@@ -109,6 +111,7 @@ class Point:
     ctx: float
     ms_median: float
     ms_min: float
+    first_ms: float
     reps: int
     tokens: tuple[int, int]
 
@@ -119,6 +122,7 @@ class Point:
             "ctx": round(self.ctx, 1),
             "ms_median": round(self.ms_median, 4),
             "ms_min": round(self.ms_min, 4),
+            "first_ms": round(self.first_ms, 3),
             "reps": self.reps,
             "tokens": list(self.tokens),
             "context": self.context,
@@ -239,6 +243,7 @@ class _Prober:
         """The point of ``width`` and ``context``, over the grid's repetitions."""
         short, long = self.grid.tokens
         steps: list[float] = []
+        firsts: list[float] = []
         prompts: list[float] = []
         made: list[float] = []
         for _ in range(self.grid.reps):
@@ -248,6 +253,7 @@ class _Prober:
             if span < MIN_TOKEN_SPAN:
                 raise CalibrationError(self._too_short(width, context, tokens_short, tokens_long))
             steps.append(1000 * (wall_long - wall_short) / span)
+            firsts.append(1000 * wall_short - tokens_short * steps[-1])
             prompts.append((prompt_short + prompt_long) / 2)
             made.append((tokens_short + tokens_long) / 2)
         ms = statistics.median(steps)
@@ -258,7 +264,8 @@ class _Prober:
             )
         prompt = statistics.median(prompts) or float(context)  # 0: the engine did not count it
         ctx = prompt + statistics.median(made)
-        return Point(width, context, ctx, ms, min(steps), self.grid.reps, self.grid.tokens)
+        first = statistics.median(firsts)
+        return Point(width, context, ctx, ms, min(steps), first, self.grid.reps, self.grid.tokens)
 
     def _too_short(self, width: int, context: int, short: int, long: int) -> str:
         if long == 0:
@@ -310,7 +317,7 @@ async def measure(
             progress(
                 f"width {width:>4}  context {context:>6}  ctx {point.ctx:>8.0f}: "
                 f"{point.ms_median:9.3f} ms per step (min {point.ms_min:.3f}, "
-                f"{_reps(point.reps)})"
+                f"{_reps(point.reps)}), {point.first_ms:.0f} ms a request besides"
             )
             points.append(point)
     return points
@@ -343,6 +350,8 @@ def summary(fit: StepCost, points: Sequence[Point], records: Sequence[Mapping[st
         f"per_sequence_context_ms {fit.per_sequence_context_ms:.6g}, "
         f"per_context_ms {fit.per_context_ms:.6g}",
         f"  worst error {fit.worst_error(records):.1%} over {len(records)} points",
+        f"a request besides its steps (prefill, overhead): {fit.request_base_ms:.4g} ms "
+        f"+ B x {fit.request_per_sequence_ms:.4g} ms",
     ]
     smallest = min(p.batch for p in points)
     lines.append(f"step time relative to width {smallest}:")

@@ -73,6 +73,21 @@ def test_the_profile_recovers_a_known_step_cost(
     assert "context 256: 1:" in captured.out
 
 
+def test_a_requests_own_time_is_recorded_apart_from_its_steps(tmp_path: Path) -> None:
+    state = FakeState(step_cost=(PER_STEP, PER_SEQUENCE), latency=0.2, record=False)
+    server = FakeServer(state).start()
+    try:
+        out = tmp_path / "profile.jsonl"
+        assert calibrate(server.url, out, "--widths", "1,8", "--contexts", "64,256",
+                         "--tokens", "5,25", "--reps", "2") == 0  # fmt: skip
+    finally:
+        server.stop()
+    for point in map(json.loads, out.read_text().splitlines()):
+        # 200 ms a request, and what the service adds over loopback: not counted as steps
+        assert 190 <= point["first_ms"] <= 300, point
+        assert point["ms_median"] / 1000 == pytest.approx(step_s(point["batch"]), rel=0.25)
+
+
 def test_measure_takes_any_engine(known_cost: FakeServer) -> None:
     async def scenario() -> tuple[list[float], str]:
         async with OpenAIEngine([known_cost.url], timeouts=Timeouts(call=30)) as engine:

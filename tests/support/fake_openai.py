@@ -102,7 +102,7 @@ class FakeState:
     ``authorizations`` records each completion request's ``Authorization``.
     ``step_cost``: an engine whose decode step costs a known time: ``(a, c)``
     seconds make a completion request of ``n`` choices and ``max_tokens`` T
-    take ``T * (a + n * c)`` seconds (instead of ``latency``), each choice
+    take ``latency + T * (a + n * c)`` seconds, each choice
     report T completion tokens and the prompt ``len(prompt) // 4`` tokens.
     ``extra_metrics``: Prometheus text served after the gauges at ``/metrics``
     (a test writes vLLM's step-cost series there).
@@ -389,7 +389,8 @@ def _latency(state: FakeState, body: dict[str, Any], n: int, fault: str | None) 
     """Seconds before answering: ``latency`` (and a slow fault's), or ``step_cost``'s."""
     if state.step_cost is not None:
         per_step, per_sequence = state.step_cost
-        return int(body.get("max_tokens") or 16) * (per_step + n * per_sequence)
+        steps = int(body.get("max_tokens") or 16) * (per_step + n * per_sequence)
+        return state.latency + steps
     return state.latency + (state.slow_latency if fault == "slow" else 0.0)
 
 
