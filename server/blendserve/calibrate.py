@@ -101,7 +101,7 @@ class Point:
         ms_median: the median step time over the repetitions, in ms.
         ms_min: the shortest.
         first_ms: the median time of the short request beyond its steps, in ms: its
-            prefill and the request's own overhead.
+            prefill and the request's own overhead (recorded, not priced: see docs).
         reps: repetitions.
         tokens: the short and the long request's ``max_tokens``.
     """
@@ -350,8 +350,6 @@ def summary(fit: StepCost, points: Sequence[Point], records: Sequence[Mapping[st
         f"per_sequence_context_ms {fit.per_sequence_context_ms:.6g}, "
         f"per_context_ms {fit.per_context_ms:.6g}",
         f"  worst error {fit.worst_error(records):.1%} over {len(records)} points",
-        f"a request besides its steps (prefill, overhead): {fit.request_base_ms:.4g} ms "
-        f"+ B x {fit.request_per_sequence_ms:.4g} ms",
     ]
     smallest = min(p.batch for p in points)
     lines.append(f"step time relative to width {smallest}:")

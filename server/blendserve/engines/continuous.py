@@ -6,9 +6,7 @@ for ``B`` and their mean context. Sequences join, first come first served, as
 soon as a slot frees (up to the capacity); each ends after its own number of
 tokens, and a cancelled one frees its slot at once. Time is the event loop's:
 real seconds (times ``scale``) in ``serve``, modelled seconds on the
-simulator's virtual clock. A request's own time besides its steps (its
-prefill and overhead, where the profile has it) passes before its sequences
-join; it takes no slot and slows no other sequence.
+simulator's virtual clock. The prompt's prefill is not modelled.
 """
 
 from __future__ import annotations
@@ -68,9 +66,6 @@ class ContinuousBatch:
         Closed or cancelled early, the sequences still running or waiting leave
         the batch at once.
         """
-        own_s = self.cost.request_ms(len(lengths)) * self.scale / 1000.0
-        if own_s > 0:
-            await asyncio.sleep(own_s)  # modelled time: the request's prefill and overhead
         loop = asyncio.get_running_loop()
         sequences = [
             _Sequence(float(n), float(prompt_tokens), loop.create_future()) for n in lengths

@@ -38,9 +38,6 @@ class StepCost:
         per_sequence_ms: each further sequence.
         per_sequence_context_ms: each token of context of each sequence (attention).
         per_context_ms: each token of context, once (what does not grow with width).
-        request_base_ms: a request's own time besides its steps (its prefill and
-            overhead, as ``blendserve calibrate`` records them in ``first_ms``).
-        request_per_sequence_ms: and for each sequence it asks for.
         name: where the fit came from.
     """
 
@@ -48,8 +45,6 @@ class StepCost:
     per_sequence_ms: float
     per_sequence_context_ms: float
     per_context_ms: float = 0.0
-    request_base_ms: float = 0.0
-    request_per_sequence_ms: float = 0.0
     name: str = ""
 
     def step_ms(self, batch: int, ctx: float) -> float:
@@ -60,19 +55,14 @@ class StepCost:
             + ctx * self.per_context_ms
         )
 
-    def request_ms(self, batch: int) -> float:
-        """Milliseconds of a request of ``batch`` sequences besides its steps (0: unknown)."""
-        return self.request_base_ms + batch * self.request_per_sequence_ms
-
     @classmethod
     def fit(cls, points: Iterable[Mapping[str, Any]], name: str = "") -> StepCost:
         """The non-negative least-squares fit, in relative error, of ``batch``/``ctx``/``ms_median``
-        points; with ``first_ms`` on every point, a request's own time too (a line in width).
+        points.
 
         Raises:
             ValueError: fewer than 4 points, or a point without those fields.
         """
-        points = list(points)
         rows = []
         for i, point in enumerate(points):
             try:
@@ -87,12 +77,7 @@ class StepCost:
         # two contexts must not buy a fit with one (a negative base, say).
         coef, _ = optimize.nnls(design, np.ones_like(ms))
         base, per_seq, per_seq_ctx, per_ctx = (float(x) for x in coef)
-        request = (0.0, 0.0)
-        if all(isinstance(p.get("first_ms"), (int, float)) for p in points):
-            first = np.array([max(0.0, float(p["first_ms"])) for p in points])
-            request_coef, _ = optimize.nnls(np.stack([np.ones_like(b), b], axis=1), first)
-            request = (float(request_coef[0]), float(request_coef[1]))
-        return cls(base, per_seq, per_seq_ctx, per_ctx, *request, name=name)
+        return cls(base, per_seq, per_seq_ctx, per_ctx, name)
 
     def worst_error(self, points: Iterable[Mapping[str, Any]]) -> float:
         """The largest relative error of the fit over ``points``."""

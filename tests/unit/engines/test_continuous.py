@@ -107,26 +107,6 @@ def test_a_fit_recovers_the_cost_it_was_made_from() -> None:
         StepCost.fit([{"batch": 1}])
 
 
-def test_a_requests_own_time_is_fitted_and_passes_before_its_sequences_join() -> None:
-    truth = StepCost(10.0, 1.0, 0.0, request_base_ms=200.0, request_per_sequence_ms=25.0)
-    points = [
-        {"batch": b, "ctx": c, "ms_median": truth.step_ms(b, c), "first_ms": truth.request_ms(b)}
-        for b in (1, 4, 8)
-        for c in (64, 256)
-    ]
-    fitted = StepCost.fit(points)
-    assert fitted.request_ms(1) == pytest.approx(225.0)
-    assert fitted.request_ms(8) == pytest.approx(400.0)
-    partial = [*points[:-1], {k: v for k, v in points[-1].items() if k != "first_ms"}]
-    assert StepCost.fit(partial).request_ms(8) == 0.0  # not on every point: unknown
-    # A lone request of 4 samples of 100 tokens: its 300 ms, then 100 steps of 14 ms.
-    assert _ends(ContinuousBatch(fitted), [(0, [100] * 4)]) == pytest.approx([0.3 + 1.4])
-    # Meanwhile it holds no slot: the one running (capacity 1) goes on alone at its pace.
-    running, joining = _ends(ContinuousBatch(fitted, capacity=1), [(0, [100]), (0.225, [10])])
-    assert running == pytest.approx(0.225 + 100 * 0.011)
-    assert joining == pytest.approx(running + 10 * 0.011)
-
-
 def test_a_fit_of_noisy_points_takes_no_negative_term() -> None:
     # A CPU engine calibrated at two contexts (vLLM's CPU build, measured): least squares
     # unbounded fit these with a negative base and attention term.
