@@ -21,6 +21,7 @@ from blendserve.core import vote_prior
 from blendserve.engines.replay import ReplayEngine
 
 from tests.support.live import LiveServer, serve_engine
+from tests.support.priors import no_built_programmes
 from tests.support.waiting import wait_until
 
 HEADER = "x-client-id"
@@ -87,8 +88,7 @@ class _BuildThreads:
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> _BuildThreads:
     """Counts builds by thread, from no programme, table or start price built."""
-    monkeypatch.setattr(vote_prior, "_PROGRAMMES", vote_prior._Programmes())
-    monkeypatch.setattr(vote_prior, "_START_PRICES", {})
+    no_built_programmes(monkeypatch)
     return _BuildThreads(monkeypatch)
 
 

@@ -1,27 +1,17 @@
 """The stream's learned prior and the waves its dynamic programme sizes."""
 
-import numpy as np
 import pytest
 from blendserve.core.vote_prior import SHARES, VotePrior, start_log_price
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.priors import fitted_prior
+
 _PRICE = -5.0
 
 
-def _fitted(shares: list[float], votes: int, seed: int = 0) -> VotePrior:
-    """A prior fitted to questions of these leader shares, ``votes`` top-two votes each."""
-    rng = np.random.default_rng(seed)
-    prior = VotePrior(refit_every=10_000)
-    for x in shares:
-        first = int(rng.binomial(votes, x))
-        prior.observe(max(first, votes - first), min(first, votes - first), votes)
-    prior.fit()
-    return prior
-
-
 def test_em_recovers_a_stream_of_easy_and_close_questions() -> None:
-    prior = _fitted([0.97] * 300 + [0.62] * 300, votes=16)
+    prior = fitted_prior([0.97] * 300 + [0.62] * 300, votes=16)
     assert prior.weights[SHARES >= 0.9].sum() == pytest.approx(0.5, abs=0.1)
     assert prior.weights[(SHARES > 0.52) & (SHARES < 0.75)].sum() == pytest.approx(0.5, abs=0.12)
 
@@ -34,12 +24,12 @@ def test_a_unanimous_question_stops_before_a_tied_one() -> None:
 
 
 def test_what_the_stream_looked_like_decides_when_a_question_is_sure() -> None:
-    peaked = _fitted([0.99] * 400 + [0.7] * 20, votes=8)
-    close = _fitted([0.7] * 400 + [0.99] * 20, votes=8)
+    peaked = fitted_prior([0.99] * 400 + [0.7] * 20, votes=8)
+    close = fitted_prior([0.7] * 400 + [0.99] * 20, votes=8)
     # Three votes for one answer: sure on a peaked stream, not on a close one.
     assert peaked.wave(3, 0, 3, _PRICE, 3) == 0 < close.wave(3, 0, 3, _PRICE, 3)
     # Where more votes would barely help, they are not bought at that price.
-    hopeless = _fitted([0.6] * 400 + [0.99] * 20, votes=8)
+    hopeless = fitted_prior([0.6] * 400 + [0.99] * 20, votes=8)
     assert hopeless.wave(3, 0, 3, _PRICE, 3) == 0
 
 

@@ -2,36 +2,25 @@
 
 import copy
 
-import numpy as np
 import pytest
 from blendserve.core import vote_prior
 from blendserve.core.vote_prior import VotePrior, start_log_price, start_log_price_known
+
+from tests.support.priors import fitted_prior, no_built_programmes
 
 _PRICE = -5.0
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No programme, table or start price built before the test."""
-    monkeypatch.setattr(vote_prior, "_PROGRAMMES", vote_prior._Programmes())
-    monkeypatch.setattr(vote_prior, "_START_PRICES", {})
-
-
-def _fitted(shares: list[float], votes: int = 16, seed: int = 0) -> VotePrior:
-    rng = np.random.default_rng(seed)
-    prior = VotePrior(refit_every=10_000)
-    for x in shares:
-        first = int(rng.binomial(votes, x))
-        prior.observe(max(first, votes - first), min(first, votes - first), votes)
-    prior.fit()
-    return prior
+    no_built_programmes(monkeypatch)
 
 
 _STATES = [(n1, n2, s) for n1 in range(0, 20, 3) for n2 in range(0, n1 + 1, 2) for s in (0, 30)]
 
 
 def test_ready_builds_nothing_and_then_decides_as_the_prior() -> None:
-    prior = _fitted([0.97] * 50 + [0.62] * 50)
+    prior = fitted_prior([0.97] * 50 + [0.62] * 50)
     assert prior.ready(_PRICE, 4) is None and not prior.programme_built
     assert vote_prior._PROGRAMMES.nbytes == 0  # asking built nothing
     prior.need(_PRICE, 4).build()
@@ -47,7 +36,7 @@ def test_ready_builds_nothing_and_then_decides_as_the_prior() -> None:
 
 
 def test_a_refitted_prior_decides_with_its_previous_programme_until_its_own_is_built() -> None:
-    prior = _fitted([0.97] * 100)
+    prior = fitted_prior([0.97] * 100)
     before = copy.deepcopy(prior)
     prior.need(_PRICE, 2).build()
     for _ in range(200):  # now a stream of close questions
@@ -69,7 +58,7 @@ def test_a_refitted_prior_decides_with_its_previous_programme_until_its_own_is_b
 
 
 def test_a_fitted_prior_falls_back_on_a_new_streams_programme() -> None:
-    prior = _fitted([0.62] * 100)
+    prior = fitted_prior([0.62] * 100)
     assert prior.fallback(_PRICE, 3) is None
     prior.fallback_need(_PRICE, 3).build()
     fallback = prior.fallback(_PRICE, 3)
@@ -86,7 +75,7 @@ def test_programmes_are_kept_within_a_byte_budget_and_a_new_streams_is_never_dro
     one = fresh._programme().nbytes
     kept = vote_prior._Programmes(budget=int(3.5 * one))
     monkeypatch.setattr(vote_prior, "_PROGRAMMES", kept)
-    priors = [fresh] + [_fitted([x] * 60) for x in (0.6, 0.8, 0.95)]
+    priors = [fresh] + [fitted_prior([x] * 60) for x in (0.6, 0.8, 0.95)]
     for prior in priors:
         prior.need(_PRICE, 1).build()
     assert kept.nbytes <= kept.budget

@@ -224,9 +224,21 @@ async def _race(holder: asyncio.Future[Any], waiter: asyncio.Future[Any], order:
     assert [type(e) for e in ended] == [asyncio.CancelledError] * 2, ended
 
 
+_STEPS = StepCost(base_ms=10.0, per_sequence_ms=1.0, per_sequence_context_ms=0.0)
+#: Per batching model: a latency that keeps its sequences running, and one that frees them.
+_BATCHINGS = {
+    "waves": (LatencyModel(fixed=3600, max_concurrent_sequences=3),
+              LatencyModel(max_concurrent_sequences=3)),
+    "continuous": (LatencyModel(step_cost=_STEPS, max_concurrent_sequences=3, length=(9.0, 0.0)),
+                   LatencyModel(step_cost=_STEPS, max_concurrent_sequences=3)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("batching", list(_BATCHINGS))
 @pytest.mark.parametrize("order", RACES)
-def test_a_waiter_cancelled_as_slots_free_loses_none_of_them(order: str) -> None:
-    engine = ReplayEngine(DATA, latency=LatencyModel(fixed=3600, max_concurrent_sequences=3))
+def test_a_waiter_cancelled_as_slots_free_loses_none_of_them(order: str, batching: str) -> None:
+    slow, quick = _BATCHINGS[batching]
+    engine = ReplayEngine(DATA, latency=slow)
 
     async def scenario() -> None:
         holder = asyncio.ensure_future(engine.generate(_request(n=3)))
@@ -235,30 +247,7 @@ def test_a_waiter_cancelled_as_slots_free_loses_none_of_them(order: str) -> None
             await asyncio.sleep(0)
         await _race(holder, waiter, order)
         assert engine.load() == EngineLoad(3)
-        engine.latency = LatencyModel(max_concurrent_sequences=3)
-        samples = await asyncio.wait_for(engine.generate(_request(n=3)), 10.0)
-        assert len(samples) == 3
-
-    run_coroutine(scenario(), timeout=30.0)
-    assert engine.stats.in_flight == 0 and engine.stats.sequences_in_flight == 0
-
-
-@pytest.mark.parametrize("order", RACES)
-def test_a_continuous_waiter_cancelled_as_a_slot_frees_loses_none_of_them(order: str) -> None:
-    cost = StepCost(base_ms=10.0, per_sequence_ms=1.0, per_sequence_context_ms=0.0)
-    engine = ReplayEngine(
-        DATA,
-        latency=LatencyModel(step_cost=cost, max_concurrent_sequences=3, length=(9.0, 0.0)),
-    )
-
-    async def scenario() -> None:
-        holder = asyncio.ensure_future(engine.generate(_request(n=3)))
-        waiter = asyncio.ensure_future(engine.generate(_request(n=2)))
-        while engine.load() != EngineLoad(3, running=3, waiting=2):
-            await asyncio.sleep(0)
-        await _race(holder, waiter, order)
-        assert engine.load() == EngineLoad(3)
-        engine.latency = LatencyModel(step_cost=cost, max_concurrent_sequences=3)
+        engine.latency = quick
         samples = await asyncio.wait_for(engine.generate(_request(n=3)), 10.0)
         assert len(samples) == 3
 

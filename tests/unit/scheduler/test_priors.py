@@ -4,7 +4,6 @@ import asyncio
 import threading
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 from blendserve.answers import extract
 from blendserve.core import vote_prior
@@ -15,6 +14,7 @@ from blendserve.scheduler import Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.priors import Builds, ready_rule
 
+from tests.support.priors import fitted_prior, no_built_programmes
 from tests.support.running import run_coroutine
 
 _PRICE = -5.0
@@ -22,19 +22,7 @@ _PRICE = -5.0
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No programme, table or start price built before the test."""
-    monkeypatch.setattr(vote_prior, "_PROGRAMMES", vote_prior._Programmes())
-    monkeypatch.setattr(vote_prior, "_START_PRICES", {})
-
-
-def _fitted(share: float) -> VotePrior:
-    rng = np.random.default_rng(0)
-    prior = VotePrior(refit_every=10_000)
-    for _ in range(100):
-        first = int(rng.binomial(16, share))
-        prior.observe(max(first, 16 - first), min(first, 16 - first), 16)
-    prior.fit()
-    return prior
+    no_built_programmes(monkeypatch)
 
 
 def test_a_build_asked_for_twice_runs_once_in_a_worker_thread() -> None:
@@ -84,7 +72,7 @@ def test_awaited_builds_go_before_background_ones() -> None:
 
 
 def test_a_decision_never_waits_for_a_programme_and_has_it_built_meanwhile() -> None:
-    prior = _fitted(0.62)
+    prior = fitted_prior([0.62] * 100)
     rule = StoppingRule("asc", 64, max_rounds=4, prior=prior)
 
     state = (5, 3, 2, 8)
