@@ -27,6 +27,7 @@ from typing import Any
 
 from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import Timeouts
+from blendserve.engines.continuous import first_step_ms
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineError, EngineTimeout, UpstreamRejected
 
@@ -101,7 +102,7 @@ class Point:
         ms_median: the median step time over the repetitions, in ms.
         ms_min: the shortest.
         first_ms: the median time of the short request beyond its steps, in ms: its
-            prefill and the request's own overhead (recorded, not priced: see docs).
+            prompt's computation and the request's own overhead.
         reps: repetitions.
         tokens: the short and the long request's ``max_tokens``.
     """
@@ -114,6 +115,11 @@ class Point:
     first_ms: float
     reps: int
     tokens: tuple[int, int]
+
+    @property
+    def prompt_tokens(self) -> float:
+        """The prompt's tokens, about: the mean context less half the tokens made."""
+        return max(0.0, self.ctx - sum(self.tokens) / 2)
 
     def record(self, **fields: Any) -> dict[str, Any]:
         """The point as a profile line, with ``fields`` (``engine``, ``model``) added."""
@@ -358,6 +364,15 @@ def summary(fit: StepCost, points: Sequence[Point], records: Sequence[Mapping[st
         reference = next(p.ms_median for p in row if p.batch == smallest)
         cells = "  ".join(
             f"{p.batch}: {p.ms_median:.3g} ms ({p.ms_median / reference:.2f}x)" for p in row
+        )
+        lines.append(f"  context {context}: {cells}")
+    lines.append("a request's first step with its prompt, priced against measured (first_ms):")
+    for context in dict.fromkeys(p.context for p in points):
+        cells = "  ".join(
+            f"{p.batch}: {first_step_ms(fit, round(p.prompt_tokens), p.batch):.0f} "
+            f"against {p.first_ms:.0f} ms"
+            for p in points
+            if p.context == context
         )
         lines.append(f"  context {context}: {cells}")
     return "\n".join(lines)

@@ -71,6 +71,7 @@ def test_the_profile_recovers_a_known_step_cost(
     assert captured.err.count("ms per step") == len(points)
     assert "base_ms" in captured.out and "worst error" in captured.out
     assert "context 256: 1:" in captured.out
+    assert "first step with its prompt, priced against measured" in captured.out
 
 
 def test_a_requests_own_time_is_recorded_apart_from_its_steps(tmp_path: Path) -> None:

@@ -281,19 +281,18 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
 def test_the_calibrated_profile_predicts_a_jobs_wall_time_and_sc32s(
     upstream: str, calibrated: Path
 ) -> None:
-    """The replay engine on the calibration predicts the ratio of a default job's wall time
-    to SC@32's through blendserve in front of vLLM within 15%, and each within 40%.
+    """The replay engine on the calibration predicts the wall time of a default job and of
+    SC@32 through blendserve in front of vLLM each within 25%, their ratio within 15%.
 
-    Each is under-predicted here by about a quarter: on two cores shared by vLLM's two
-    processes, blendserve and this test, a decode step in this traffic is slower than
-    in the calibration's (the live cost model sees +20% at width 8), and the model has
-    no prefill. The ratio, what a plan decides on, is near."""
+    The counting prompts are shorter than a cache block, so every sample computes its
+    prompt in its first step: on vLLM's CPU build about a decode step's cost a token,
+    a quarter of these jobs' time, which the model prices."""
     from tests.support.cost_model import compare
 
     found = compare(upstream, calibrated, width=WIDTH)
     print(found.describe())
-    assert 0.6 <= found.sc_predicted / found.sc_measured <= 1.4, found
-    assert 0.6 <= found.default_predicted / found.default_measured <= 1.4, found
+    assert 0.75 <= found.sc_predicted / found.sc_measured <= 1.25, found
+    assert 0.75 <= found.default_predicted / found.default_measured <= 1.25, found
     assert abs(found.ratio_error) <= 0.15, found
 
 

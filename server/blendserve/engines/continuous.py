@@ -6,7 +6,15 @@ for ``B`` and their mean context. Sequences join, first come first served, as
 soon as a slot frees (up to the capacity); each ends after its own number of
 tokens, and a cancelled one frees its slot at once. Time is the event loop's:
 real seconds (times ``scale``) in ``serve``, modelled seconds on the
-simulator's virtual clock. The prompt's prefill is not modelled.
+simulator's virtual clock.
+
+A sequence's first step also computes its prompt: the step's cost per
+sequence is paid for each of its prompt tokens not in the prefix cache (a
+step costs what it computes, as vLLM's scheduler budgets it in tokens); its
+cost per token of context, once. The cache
+holds a prompt's full blocks of :data:`BLOCK` tokens once a sequence of it has
+joined, so the samples of one question share them and a prompt shorter than a
+block is computed by every sample, as in vLLM.
 """
 
 from __future__ import annotations
@@ -17,12 +25,16 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import EngineLoad
 from blendserve.engines.step_cost import StepCost
 
-__all__ = ["ContinuousBatch"]
+__all__ = ["BLOCK", "ContinuousBatch", "first_step_ms"]
 
+#: Tokens of a prefix-cache block (vLLM's default block size).
+BLOCK = 16
 _DONE = 1e-6  # tokens left below which a sequence has ended
+_CACHE_BYTES = 16 * 1024 * 1024  # prompts remembered as cached, by their keys' size
 
 
 @dataclass(eq=False)
@@ -30,6 +42,26 @@ class _Sequence:
     left: float  # tokens still to decode
     ctx: float  # tokens of context: the prompt and those decoded so far
     ended: asyncio.Future[None] = field(repr=False)
+    prefix: str | None = None  # the prompt, as the prefix cache knows it (None: never cached)
+    prefill: float = 0.0  # prompt tokens its first step computes (0: past its first step)
+    first_done: float = 0.0  # how much of its first step is done, from 0 to 1
+
+    def tokens(self) -> float:
+        """Tokens it computes in a step: its prompt's in its first step, else one."""
+        return max(1.0, self.prefill)
+
+
+def _computed(prompt: int, cached: bool) -> float:
+    """Tokens a sequence's first step computes of its prompt: those past the cached full
+    blocks where its prompt is cached, and always at least one."""
+    return float(max(1, prompt % BLOCK if cached else prompt))
+
+
+def first_step_ms(cost: StepCost, prompt_tokens: int, n: int) -> float:
+    """Milliseconds of the first step of a request for ``n`` samples of an uncached prompt:
+    the first computes it whole, the others past its full blocks."""
+    tokens = _computed(prompt_tokens, False) + (n - 1) * _computed(prompt_tokens, True)
+    return cost.step_ms(n, prompt_tokens, tokens)
 
 
 class ContinuousBatch:
@@ -47,6 +79,7 @@ class ContinuousBatch:
         self.scale = scale
         self.running: list[_Sequence] = []
         self.waiting: deque[_Sequence] = deque()
+        self._cached: ByteLRU[str, int] = ByteLRU(_CACHE_BYTES)  # prompts, with their tokens
         self._changed = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
 
@@ -54,21 +87,25 @@ class ContinuousBatch:
         """Seconds of the next step of the sequences running now."""
         width = len(self.running)
         ctx = sum(s.ctx for s in self.running) / max(1, width)
-        return self.cost.step_ms(width, ctx) * self.scale / 1000.0
+        tokens = sum(s.tokens() for s in self.running)
+        return self.cost.step_ms(width, ctx, tokens) * self.scale / 1000.0
 
     def load(self) -> EngineLoad:
         """The capacity, the sequences running and those waiting for a slot."""
         return EngineLoad(self.capacity, len(self.running), len(self.waiting))
 
-    async def ends(self, prompt_tokens: int, lengths: list[int]) -> AsyncGenerator[int, None]:
-        """Decodes one sequence of each of ``lengths`` tokens, yielding each one's index as it ends.
+    async def ends(
+        self, prompt_tokens: int, lengths: list[int], prefix: str | None = None
+    ) -> AsyncGenerator[int, None]:
+        """Decodes one sequence of each of ``lengths`` tokens after a prompt of
+        ``prompt_tokens`` (cached as ``prefix``), yielding each one's index as it ends.
 
         Closed or cancelled early, the sequences still running or waiting leave
         the batch at once.
         """
         loop = asyncio.get_running_loop()
         sequences = [
-            _Sequence(float(n), float(prompt_tokens), loop.create_future()) for n in lengths
+            _Sequence(float(n), float(prompt_tokens), loop.create_future(), prefix) for n in lengths
         ]
         index = {sequence.ended: i for i, sequence in enumerate(sequences)}
         self.waiting.extend(sequences)
@@ -102,7 +139,14 @@ class ContinuousBatch:
 
     def _admit(self) -> None:
         while self.waiting and (self.capacity is None or len(self.running) < self.capacity):
-            self.running.append(self.waiting.popleft())
+            sequence = self.waiting.popleft()
+            prompt = int(sequence.ctx)  # its context is its prompt until it runs
+            cached = False
+            if sequence.prefix is not None:
+                cached = sequence.prefix in self._cached
+                self._cached.put(sequence.prefix, prompt)
+            sequence.prefill = _computed(prompt, cached)
+            self.running.append(sequence)
 
     async def _drive(self) -> None:
         """Decodes until nothing runs or waits: up to the next end, or a change of the batch."""
@@ -112,7 +156,9 @@ class ContinuousBatch:
             if not self.running:
                 return
             step = max(self.step_s(), 1e-12)
-            until_end = min(s.left for s in self.running) * step
+            until_end = step * min(
+                min(s.left, 1.0 - s.first_done) if s.prefill else s.left for s in self.running
+            )
             self._changed.clear()
             started = loop.time()
             with contextlib.suppress(TimeoutError):
@@ -122,6 +168,10 @@ class ContinuousBatch:
             for sequence in self.running:
                 sequence.left -= decoded
                 sequence.ctx += decoded
+                if sequence.prefill:
+                    sequence.first_done += decoded
+                    if sequence.first_done >= 1.0 - _DONE:
+                        sequence.prefill = 0.0
             ended = [s for s in self.running if s.left <= _DONE]
             self.running = [s for s in self.running if s.left > _DONE]
             for sequence in ended:

@@ -37,6 +37,7 @@ LENGTHS: dict[str, tuple[float, float] | None] = {
     "reasoning": (7.66, 0.50),
 }
 
+_CHARS_PER_TOKEN = 4  # English text, about, in the usual BPE vocabularies
 _REASONING = "Let me work through this step by step and check each part of the question."
 
 
@@ -132,6 +133,11 @@ def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
 def _prompt_key(prompt: str | Sequence[int]) -> str:
     """A text prompt as is; token ids as their JSON list (``[1, 2, 3]``)."""
     return prompt if isinstance(prompt, str) else json.dumps(list(prompt))
+
+
+def _prompt_tokens(prompt: str | Sequence[int]) -> int:
+    """A prompt's tokens: token ids counted, text at about four characters a token."""
+    return -(-len(prompt) // _CHARS_PER_TOKEN) if isinstance(prompt, str) else len(prompt)
 
 
 class _Batch:
@@ -337,13 +343,13 @@ class ReplayEngine(Engine):
             texts = [render(a, kind) for a in drawn]
             tokens = self._lengths(texts)
             text = request.prompt if request.prompt is not None else str(request.messages)
-            prompt_tokens = len(text.split()) if isinstance(text, str) else len(text)
+            prompt_tokens = _prompt_tokens(text)
             samples = [
                 Sample(text, finish, prompt_tokens, count, self.name)
                 for (text, finish), count in zip(texts, tokens, strict=True)
             ]
             if self._continuous is not None:
-                ends = self._continuous.ends(prompt_tokens, tokens)
+                ends = self._continuous.ends(prompt_tokens, tokens, _prompt_key(text))
                 async with contextlib.aclosing(ends):
                     async for i in ends:
                         self.stats.samples += 1

@@ -47,11 +47,13 @@ class StepCost:
     per_context_ms: float = 0.0
     name: str = ""
 
-    def step_ms(self, batch: int, ctx: float) -> float:
-        """Milliseconds of one step of ``batch`` sequences of ``ctx`` context tokens each."""
+    def step_ms(self, batch: int, ctx: float, tokens: float | None = None) -> float:
+        """Milliseconds of one step of ``batch`` sequences of ``ctx`` context tokens each,
+        computing ``tokens`` tokens (None: one a sequence; more where prompts are computed)."""
         return (
             self.base_ms
-            + batch * (self.per_sequence_ms + ctx * self.per_sequence_context_ms)
+            + (batch if tokens is None else tokens) * self.per_sequence_ms
+            + batch * ctx * self.per_sequence_context_ms
             + ctx * self.per_context_ms
         )
 

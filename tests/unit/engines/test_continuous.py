@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from blendserve.engines import GenerateRequest
-from blendserve.engines.continuous import ContinuousBatch
+from blendserve.engines.continuous import ContinuousBatch, first_step_ms
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.engines.step_cost import SHIPPED, StepCost, load_step_cost
 from blendserve.sim.clock import run_virtual
@@ -24,19 +24,28 @@ async def _drain(batch: ContinuousBatch, prompt_tokens: int, lengths: list[int])
         pass
 
 
-def _ends(batch: ContinuousBatch, requests: list[tuple[float, list[int]]]) -> list[float]:
-    """When each request (its arrival, its samples' lengths) ends, in modelled seconds."""
+def _ends_with_prompts(
+    batch: ContinuousBatch, requests: list[tuple[float, int, list[int]]]
+) -> list[float]:
+    """When each request (its arrival, prompt tokens and samples' lengths) ends, in
+    modelled seconds; each prompt its own, uncached."""
 
-    async def one(at: float, lengths: list[int]) -> float:
+    async def one(i: int, at: float, prompt_tokens: int, lengths: list[int]) -> float:
         await asyncio.sleep(at)
-        await _drain(batch, 0, lengths)
+        async for _ in batch.ends(prompt_tokens, lengths, f"prompt {i}"):
+            pass
         return asyncio.get_running_loop().time()
 
     async def scenario() -> list[float]:
-        return list(await asyncio.gather(*(one(at, lengths) for at, lengths in requests)))
+        return list(await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests))))
 
     ends, _ = run_virtual(scenario())
     return ends
+
+
+def _ends(batch: ContinuousBatch, requests: list[tuple[float, list[int]]]) -> list[float]:
+    """When each request (its arrival, its samples' lengths) ends, in modelled seconds."""
+    return _ends_with_prompts(batch, [(at, 0, lengths) for at, lengths in requests])
 
 
 def test_a_lone_sequence_pays_a_step_a_token() -> None:
@@ -90,6 +99,45 @@ def test_context_makes_steps_longer() -> None:
     ended, _ = run_virtual(long_prompt())
     assert short_prompt == pytest.approx(0.1, rel=0.01)
     assert ended == pytest.approx(10 * 0.014, rel=0.01)
+
+
+def test_a_sequences_first_step_computes_its_prompt_less_the_cached_blocks() -> None:
+    batch = ContinuousBatch(FLAT)
+
+    async def request(prompt_tokens: int, n: int, prefix: str) -> float:
+        started = asyncio.get_running_loop().time()
+        async for _ in batch.ends(prompt_tokens, [10] * n, prefix):
+            pass
+        return asyncio.get_running_loop().time() - started
+
+    async def scenario() -> list[float]:
+        return [
+            await request(100, 1, "a"),  # 100 prompt tokens in the first step, then 9 steps
+            await request(100, 1, "a"),  # its 6 full blocks cached: 4 tokens left
+            await request(40, 4, "b"),  # the first computes 40; its siblings 8 each
+            await request(10, 4, "c"),  # shorter than a block: never cached
+            await request(10, 4, "c"),
+        ]
+
+    took, _ = run_virtual(scenario())
+    assert took == pytest.approx([
+        0.010 + 0.100 + 9 * 0.011,
+        0.010 + 0.004 + 9 * 0.011,
+        0.010 + 0.064 + 9 * 0.014,
+        0.010 + 0.040 + 9 * 0.014,
+        0.010 + 0.040 + 9 * 0.014,
+    ])  # fmt: skip
+    assert first_step_ms(FLAT, 40, 4) == pytest.approx(10 + 64)  # as calibrate prices it
+
+
+def test_a_prompt_joining_a_running_batch_slows_that_step_for_all() -> None:
+    # A 90-token prompt joins a lone sequence after 5 of its steps: their next step
+    # computes 91 tokens (101 ms), then both go on at 12 ms a step for 9, and the
+    # first alone at 11 ms for its last 5.
+    batch = ContinuousBatch(FLAT)
+    running, joining = _ends_with_prompts(batch, [(0, 0, [20]), (0.055, 90, [10])])
+    assert joining == pytest.approx(0.055 + 0.101 + 9 * 0.012)
+    assert running == pytest.approx(joining + 5 * 0.011)
 
 
 def test_a_fit_recovers_the_cost_it_was_made_from() -> None:
