@@ -10,11 +10,11 @@ simulator's virtual clock.
 
 A sequence's first step also computes its prompt: the step's cost per
 sequence is paid for each of its prompt tokens not in the prefix cache (a
-step costs what it computes, as vLLM's scheduler budgets it in tokens); its
-cost per token of context, once. The cache
-holds a prompt's full blocks of :data:`BLOCK` tokens once a sequence of it has
-joined, so the samples of one question share them and a prompt shorter than a
-block is computed by every sample, as in vLLM.
+step costs what it computes, as vLLM's scheduler budgets it in tokens), its
+cost per token of context once. The cache holds a prompt's full blocks of
+:data:`BLOCK` tokens once a sequence of it has joined, so the samples of one
+question share them and a prompt shorter than a block is computed by every
+sample, as in vLLM.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ContinuousBatch:
         self.scale = scale
         self.running: list[_Sequence] = []
         self.waiting: deque[_Sequence] = deque()
-        self._cached: ByteLRU[str, int] = ByteLRU(_CACHE_BYTES)  # prompts, with their tokens
+        self._cached: ByteLRU[str, bool] = ByteLRU(_CACHE_BYTES)  # prompts, blocks cached
         self._changed = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
 
@@ -144,7 +144,7 @@ class ContinuousBatch:
             cached = False
             if sequence.prefix is not None:
                 cached = sequence.prefix in self._cached
-                self._cached.put(sequence.prefix, prompt)
+                self._cached.put(sequence.prefix, True)
             sequence.prefill = _computed(prompt, cached)
             self.running.append(sequence)
 
