@@ -4,12 +4,9 @@ A profile (``--engine-profile``, a shipped fit or a file ``blendserve
 calibrate`` wrote) is the prior. An engine that is vLLM, upstream or in
 process, also tells what its steps cost while it serves: between two readings
 of its Prometheus series, the inter-token latency histogram's sum over its
-count is the mean step time, and the tokens the steps computed over the steps
-taken (the iteration histogram's sum and count) the mean width: a step costs
-the tokens it computes, so the prompts computed beside the decoding sequences
-count as width, as in the replay engine's model; the requests finished since
-the first reading, their prompt and half their generation tokens, the mean
-context.
+count is the mean step time, its count over the steps taken (the iteration
+histogram's count) the mean width; the requests finished since the first
+reading, their prompt and half their generation tokens, the mean context.
 :class:`EngineCost` keeps those observations (the last :data:`WINDOW`): once
 they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
 ``step = a + b * width`` at their context (``a, b >= 0``), each weighed by its
@@ -170,9 +167,7 @@ class EngineCost:
         seconds, tokens = _latency_delta(counters, before)
         if tokens <= 0 or seconds <= 0:
             return None
-        computed = counters.get(f"{_STEPS}_sum", 0.0) - before.get(f"{_STEPS}_sum", 0.0)
-        width = max(tokens, computed) / steps
-        point = CostPoint(max(1.0, width), 1000 * seconds / tokens, steps)
+        point = CostPoint(max(1.0, tokens / steps), 1000 * seconds / tokens, steps)
         self.points.append(point)
         self._fit = self._refit()
         self.report()

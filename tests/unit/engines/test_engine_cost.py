@@ -20,21 +20,14 @@ class Counters:
         self.prompt, self.generation = prompt, generation
         self.values: dict[str, float] = {}
 
-    def run(
-        self,
-        batch: int,
-        steps: int,
-        name: str = "vllm:inter_token_latency_seconds",
-        prefill: int = 0,
-    ) -> dict:
-        """``steps`` decode steps of ``batch`` sequences, each computing ``prefill`` prompt
-        tokens besides, ``batch`` requests then finishing."""
-        ms = self.cost.step_ms(batch, self.prompt + self.generation / 2, batch + prefill)
+    def run(self, batch: int, steps: int, name: str = "vllm:inter_token_latency_seconds") -> dict:
+        """``steps`` decode steps of ``batch`` sequences, ``batch`` requests then finishing."""
+        ms = self.cost.step_ms(batch, self.prompt + self.generation / 2)
         add = {
             f"{name}_sum": steps * batch * ms / 1000,
             f"{name}_count": steps * batch,
             "vllm:iteration_tokens_total_count": steps,
-            "vllm:iteration_tokens_total_sum": steps * (batch + prefill),
+            "vllm:iteration_tokens_total_sum": steps * batch,
             "vllm:request_prompt_tokens_sum": batch * self.prompt,
             "vllm:request_prompt_tokens_count": batch,
             "vllm:request_generation_tokens_sum": batch * self.generation,
@@ -71,18 +64,6 @@ def test_without_a_profile_the_traffic_alone_gives_the_engines_cost() -> None:
     described = cost.describe()
     assert described is not None and described["context"] == 250
     assert described["live_observations"] == 12 and described["profile"] is None
-
-
-def test_prompts_computed_beside_the_decoding_sequences_count_as_width() -> None:
-    # Each step also computes 6 prompt tokens, which slow it as 6 more sequences would.
-    cost, counters = EngineCost(), Counters(TRUE)
-    cost.observe("a", counters.run(1, 0))
-    for width in (1, 4, 16, 32):
-        cost.observe("a", counters.run(width, 50, prefill=6))
-    fit = cost.current
-    assert fit is not None
-    for width in (1, 8, 32):
-        assert fit.step_ms(width, 250) == pytest.approx(TRUE.step_ms(width, 250), rel=0.01)
 
 
 def test_a_wrong_profile_gives_way_to_what_the_engine_measures() -> None:
