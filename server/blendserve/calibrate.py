@@ -105,6 +105,7 @@ class Point:
             prompt's computation and the request's own overhead.
         reps: repetitions.
         tokens: the short and the long request's ``max_tokens``.
+        prompt: the prompt's tokens, as the engine counted them (median).
     """
 
     batch: int
@@ -115,11 +116,7 @@ class Point:
     first_ms: float
     reps: int
     tokens: tuple[int, int]
-
-    @property
-    def prompt_tokens(self) -> float:
-        """The prompt's tokens, about: the mean context less half the tokens made."""
-        return max(0.0, self.ctx - sum(self.tokens) / 2)
+    prompt: float
 
     def record(self, **fields: Any) -> dict[str, Any]:
         """The point as a profile line, with ``fields`` (``engine``, ``model``) added."""
@@ -271,7 +268,9 @@ class _Prober:
         prompt = statistics.median(prompts) or float(context)  # 0: the engine did not count it
         ctx = prompt + statistics.median(made)
         first = statistics.median(firsts)
-        return Point(width, context, ctx, ms, min(steps), first, self.grid.reps, self.grid.tokens)
+        return Point(
+            width, context, ctx, ms, min(steps), first, self.grid.reps, self.grid.tokens, prompt
+        )
 
     def _too_short(self, width: int, context: int, short: int, long: int) -> str:
         if long == 0:
@@ -369,7 +368,7 @@ def summary(fit: StepCost, points: Sequence[Point], records: Sequence[Mapping[st
     lines.append("a request's first step with its prompt, priced against measured (first_ms):")
     for context in dict.fromkeys(p.context for p in points):
         cells = "  ".join(
-            f"{p.batch}: {first_step_ms(fit, round(p.prompt_tokens), p.batch):.0f} "
+            f"{p.batch}: {first_step_ms(fit, round(p.prompt), p.batch):.0f} "
             f"against {p.first_ms:.0f} ms"
             for p in points
             if p.context == context
