@@ -10,9 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command
 from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.waiting import wait_until
 
-SOLVE = {"questions": [{"id": "q", "prompt": "2+2?"}], "budget": 2}
 
 
 def _health(url: str) -> dict[str, Any]:
@@ -27,22 +25,6 @@ def _step_gauges(url: str) -> dict[str, float]:
         for s in family.samples
         if s.name == "blendserve_engine_step_seconds"
     }
-
-
-def _series(steps: float, tokens: float, seconds: float) -> str:
-    """vLLM's step-cost series after ``steps`` steps that made ``tokens`` tokens."""
-    labels = '{engine="0",model_name="fake-model"}'
-    return "\n".join(
-        [
-            f"vllm:iteration_tokens_total_count{labels} {steps}",
-            f"vllm:inter_token_latency_seconds_count{labels} {tokens}",
-            f"vllm:inter_token_latency_seconds_sum{labels} {seconds}",
-            f"vllm:request_prompt_tokens_count{labels} {tokens / 100}",
-            f"vllm:request_prompt_tokens_sum{labels} {tokens * 3}",
-            f"vllm:request_generation_tokens_count{labels} {tokens / 100}",
-            f"vllm:request_generation_tokens_sum{labels} {tokens}",
-        ]
-    )
 
 
 def test_a_profile_is_shown_in_health_and_metrics() -> None:
@@ -63,24 +45,20 @@ def test_a_profile_is_shown_in_health_and_metrics() -> None:
 
 
 def test_without_a_profile_vllms_own_series_teach_the_cost() -> None:
-    state = FakeState()
+    """A fake vLLM whose step of B sequences takes 20 + 2 B ms, and whose step series say so as
+    its time passes: a job at width 1, then one at 16, teach the service that line."""
+    state = FakeState(step_cost=(0.020, 0.002), record=False)
     with FakeServer(state) as upstream, serve_command("--upstream", upstream.url) as (url, _):
         assert _health(url)["cost"] is None and _step_gauges(url) == {}
-        # A step of B sequences takes 50 + 5 B ms: readings at B = 1, then 16.
-        state.extra_metrics = _series(0, 0, 0.0)
-        assert httpx.post(f"{url}/solve", json=SOLVE, timeout=30).status_code == 200
-        seen = state.metrics_requests
-        wait_until(lambda: state.metrics_requests > seen, 10, "a reading of the baseline")
-        state.extra_metrics = _series(100, 100, 100 * 0.055)
-        wait_until(lambda: _health(url)["cost"] is not None, 10, "a first observation")
-        cost = _health(url)["cost"]
-        assert cost["live_observations"] == 1 and cost["fit"] is None  # one width: no line
-        state.extra_metrics = _series(200, 100 + 1600, 100 * 0.055 + 1600 * 0.130)
-        wait_until(lambda: _health(url)["cost"]["fit"] is not None, 10, "a fit")
+        for n in (1, 16):
+            body = {"questions": [{"id": "q", "prompt": "What is 2+2?"}], "budget": n,
+                    "policy": "sc", "sampling": {"max_tokens": 150}}  # fmt: skip
+            assert httpx.post(f"{url}/solve", json=body, timeout=60).status_code == 200
         cost = _health(url)["cost"]
         gauges = _step_gauges(url)
-    assert cost["profile"] is None and cost["live_observations"] == 2
-    assert cost["context"] == 350  # prompt 300 + half of generation's 100
-    assert cost["step_ms"]["1"] == pytest.approx(55.0, rel=1e-3)
-    assert cost["step_ms"]["32"] == pytest.approx(210.0, rel=1e-3)
-    assert gauges["128"] == pytest.approx(0.690, rel=1e-3)
+    assert cost["profile"] is None and cost["live_observations"] >= 2, cost
+    assert cost["fit"]["name"] == "live", cost
+    assert cost["context"] == 78  # prompt 3 + half of generation's 150
+    assert cost["step_ms"]["1"] == pytest.approx(22.0, rel=0.15), cost
+    assert cost["step_ms"]["32"] == pytest.approx(84.0, rel=0.15), cost
+    assert gauges["128"] == pytest.approx(cost["step_ms"]["128"] / 1000, rel=1e-3)

@@ -103,7 +103,9 @@ class FakeState:
     ``step_cost``: an engine whose decode step costs a known time: ``(a, c)``
     seconds make a completion request of ``n`` choices and ``max_tokens`` T
     take ``latency + T * (a + n * c)`` seconds, each choice
-    report T completion tokens and the prompt ``len(prompt) // 4`` tokens.
+    report T completion tokens and the prompt ``len(prompt) // 4`` tokens;
+    ``/metrics`` then serves vLLM's step series, priced by the same line at
+    the sequences running (:meth:`step_series`).
     ``extra_metrics``: Prometheus text served after the gauges at ``/metrics``
     (a test writes vLLM's step-cost series there).
     ``die_by``: the process kills itself with this signal at its first
@@ -157,6 +159,8 @@ class FakeState:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     _serial: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
+    # step_cost's requests: (start, end, n, steps, prompt tokens)
+    _stepped: list[tuple[float, float, int, int, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._rng.seed(self.fault_seed)
@@ -203,6 +207,52 @@ class FakeState:
                 return kind
             draw -= rate
         return None
+
+    def step(self, body: dict[str, Any], n: int) -> None:
+        """Starts modelling ``step_cost``'s steps of a request of ``n`` choices now."""
+        if self.step_cost is not None:
+            steps = int(body.get("max_tokens") or 16)
+            prompt = _usage(self, 1, body)["prompt_tokens"]
+            start = time.monotonic() + self.latency
+            end = start + _latency(self, body, n, None) - self.latency
+            self._stepped.append((start, end, n, steps, prompt))
+
+    def step_series(self) -> str:
+        """vLLM's step and request series so far (see ``step_cost``): while ``k`` sequences run,
+        a step of ``k`` tokens every ``a + k c`` seconds; a request's tokens once it ends."""
+        if self.step_cost is None:
+            return ""
+        per_step, per_sequence = self.step_cost
+        now = time.monotonic()
+        events = sorted(
+            [(min(start, now), n) for start, _, n, _, _ in self._stepped]
+            + [(min(end, now), -n) for _, end, n, _, _ in self._stepped]
+        )
+        totals = dict.fromkeys(("steps", "tokens", "requests", "prompt", "generation"), 0.0)
+        running, since = 0, 0.0
+        for at, change in events:
+            if running:
+                steps = (at - since) / (per_step + running * per_sequence)
+                totals["steps"] += steps
+                totals["tokens"] += running * steps
+            running, since = running + change, at
+        for _, end, n, steps, prompt in self._stepped:
+            if end <= now:
+                totals["requests"] += n
+                totals["prompt"] += n * prompt
+                totals["generation"] += n * steps
+        labels = f'{{model_name="{self.model}"}}'
+        return "".join(
+            f"vllm:{name}{labels} {totals[key]}\n"
+            for name, key in (
+                ("iteration_tokens_total_count", "steps"),
+                ("iteration_tokens_total_sum", "tokens"),
+                ("request_prompt_tokens_count", "requests"),
+                ("request_prompt_tokens_sum", "prompt"),
+                ("request_generation_tokens_count", "requests"),
+                ("request_generation_tokens_sum", "generation"),
+            )
+        )
 
     def stats(self) -> dict[str, Any]:
         hidden = ("bodies", "authorizations")
@@ -364,6 +414,7 @@ async def _complete(
         outcome = "done"
         n = int(body.get("n", 1)) if state.honour_n else 1
         latency = _latency(state, body, n, fault)
+        state.step(body, n)
         if fault == "timeout" and not streamed:
             latency = _HANG_S
         if latency > 0:
@@ -486,7 +537,7 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
             f"vllm:num_requests_waiting{labels} 0",
             f"vllm:kv_cache_usage_perc{labels} {min(1.0, state.in_flight / 64)}",
         ]
-        text = "\n".join(lines) + "\n" + state.extra_metrics
+        text = "\n".join(lines) + "\n" + state.step_series() + state.extra_metrics
         return Response(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/fake/stats")

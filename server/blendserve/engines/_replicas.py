@@ -34,6 +34,7 @@ sink as the replica's health: 1 closed, 0.5 half-open, 0 open.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -59,6 +60,8 @@ class Replica:
         url: normalised base URL (ends in ``/v1``).
         outstanding: sequences in flight on it.
         requests: requests in flight on it.
+        busy_since: since when it has had requests in flight without a break
+            (monotonic seconds; None: none now).
         trials: requests a half-open breaker takes at once.
         failures: consecutive failures since the last success.
         state: its circuit breaker's state.
@@ -69,6 +72,7 @@ class Replica:
     url: str
     outstanding: int = 0
     requests: int = 0
+    busy_since: float | None = None
     trials: int = 1
     failures: int = 0
     state: BreakerState = BreakerState.CLOSED
@@ -182,12 +186,16 @@ class ReplicaSet:
         if replica is not None:
             replica.outstanding += weight
             replica.requests += 1
+            if replica.busy_since is None:
+                replica.busy_since = time.monotonic()
         return replica
 
     def release(self, replica: Replica, weight: int = 1) -> None:
         """Returns ``weight`` outstanding sequences charged by :meth:`acquire`."""
         replica.outstanding -= weight
         replica.requests -= 1
+        if not replica.requests:
+            replica.busy_since = None
 
     def record_success(self, replica: Replica) -> None:
         """The replica answered: its failure streak ends and its breaker closes."""

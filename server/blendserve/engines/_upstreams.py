@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -222,8 +223,9 @@ class Upstreams:
         self._metrics_pool = metrics_pool
         self._shared_transport = transport is not None  # self.pool closes it
         self._no_metrics_until: dict[str, float] = {}
-        #: Each replica's last reading of vLLM's step-cost series, until taken.
-        self.cost_readings: dict[str, dict[str, float]] = {}
+        #: Each replica's last reading of vLLM's step-cost series, until taken: the series,
+        #: when they came (monotonic seconds) and the replica's ``busy_since`` then.
+        self.cost_readings: dict[str, tuple[dict[str, float], float, float | None]] = {}
         self._no_metrics_logged: set[str] = set()
         # prompt digest -> its token count, for upstreams whose streams carry no usage
         self._prompt_counts: ByteLRU[bytes, int] = ByteLRU(PROMPT_COUNT_BYTES)
@@ -280,11 +282,12 @@ class Upstreams:
         try:
             get = self._metrics.side(replica.url, url, None, SIDE_TIMEOUT)
             response = await within(get, SIDE_TIMEOUT)  # a body that trickles in, too
+            read_at, busy_since = time.monotonic(), replica.busy_since
             response.raise_for_status()
             # Parsed off the loop: a body of many label sets takes a while even within its cap.
             queue, cost = await asyncio.to_thread(_read_metrics, response.content)
             if queue is not None:
-                self.cost_readings[replica.url] = cost
+                self.cost_readings[replica.url] = (cost, read_at, busy_since)
         except (httpx2.HTTPError, DeadlinePassed, ValueError) as exc:
             queue, reason = None, exc
         if queue is not None:

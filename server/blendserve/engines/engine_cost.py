@@ -2,16 +2,22 @@
 
 A profile (``--engine-profile``, a shipped fit or a file ``blendserve
 calibrate`` wrote) is the prior. An engine that is vLLM, upstream or in
-process, also tells what its steps cost while it serves: between two readings
-of its Prometheus series, the inter-token latency histogram's sum over its
-count is the mean step time, its count over the steps taken (the iteration
-histogram's count) the mean width; the requests finished since the first
-reading, their prompt and half their generation tokens, the mean context.
-:class:`EngineCost` keeps those observations (the last :data:`WINDOW`): once
-they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
-``step = a + b * width`` at their context (``a, b >= 0``), each weighed by its
-steps (relative error); before that, the profile scaled to their level (its shape,
-their speed); before any, the profile as it is.
+process, also tells what its steps cost while it serves. Between two readings
+of its Prometheus series taken while this process had requests on it the
+whole time (so the engine never idled between them), the wall time over the
+steps taken (the iteration histogram's count) is the mean step time, and the
+tokens those steps computed (its sum: prompts and decoding sequences alike)
+over the steps the mean width; the requests finished since the first reading,
+their prompt and half their generation tokens, the mean context. Each step
+counts once, whatever it computed, so a step that computes prompts beside
+decoding sequences is priced as the replay engine prices it
+(:mod:`~blendserve.engines.continuous`), and one that finds the engine idle
+is timed like any other. :class:`EngineCost` keeps those observations (the
+last :data:`WINDOW`): once they cover widths at least
+:data:`MIN_WIDTH_SPREAD` apart, the fit in use is ``step = a + b * width`` at
+their context (``a, b >= 0``), each weighed by its steps (relative error);
+before that, the profile scaled to their level (its shape, their speed);
+before any, the profile as it is.
 """
 
 from __future__ import annotations
@@ -38,18 +44,15 @@ __all__ = [
     "cost_counters",
 ]
 
-# vLLM's inter-token latency histogram (older vLLM: time per output token), its
-# steps (one iteration-tokens observation a step) and finished requests' lengths.
-_LATENCY = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+# vLLM's steps (one iteration-tokens observation a step, of the tokens it computed)
+# and finished requests' lengths.
 _STEPS = "vllm:iteration_tokens_total"
 _PROMPT = "vllm:request_prompt_tokens"
 _GENERATION = "vllm:request_generation_tokens"
 
 #: The series read for the live estimate (each summed over its label sets).
 COST_SERIES: tuple[str, ...] = tuple(
-    f"{name}_{part}"
-    for name in (*_LATENCY, _STEPS, _PROMPT, _GENERATION)
-    for part in ("sum", "count")
+    f"{name}_{part}" for name in (_STEPS, _PROMPT, _GENERATION) for part in ("sum", "count")
 )
 #: Observations kept for the live fit.
 WINDOW = 256
@@ -73,22 +76,19 @@ def cost_counters(samples: Iterable[tuple[str, float]]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class CostPoint:
-    """One observation: ``steps`` decode steps of ``batch`` sequences, ``ms`` each."""
+    """One observation: ``steps`` steps computing ``batch`` tokens each, ``ms`` each."""
 
     batch: float
     ms: float
     steps: float
 
 
-def _latency_delta(now: Mapping[str, float], before: Mapping[str, float]) -> tuple[float, float]:
-    """Seconds and tokens of inter-token latency between two readings (either series name)."""
-    for name in _LATENCY:
-        if f"{name}_count" in now and f"{name}_count" in before:
-            return (
-                now.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0),
-                now[f"{name}_count"] - before[f"{name}_count"],
-            )
-    return 0.0, 0.0
+@dataclass(frozen=True)
+class _Reading:
+    """One reading of a source's :data:`COST_SERIES`, taken at ``at`` (monotonic seconds)."""
+
+    counters: Mapping[str, float]
+    at: float
 
 
 def _context_delta(now: Mapping[str, float], first: Mapping[str, float]) -> tuple[float, float]:
@@ -116,8 +116,8 @@ class EngineCost:
         self.source = source or (prior.name if prior is not None else "")
         self.sink = sink
         self.points: deque[CostPoint] = deque(maxlen=WINDOW)
-        self._last: dict[str, dict[str, float]] = {}
-        self._first: dict[str, dict[str, float]] = {}
+        self._last: dict[str, _Reading] = {}
+        self._first: dict[str, Mapping[str, float]] = {}
         self._fit = prior
         self.report()
 
@@ -139,7 +139,7 @@ class EngineCost:
         """The mean context of the requests finished since each source's first reading."""
         tokens = requests = 0.0
         for source, first in self._first.items():
-            more, count = _context_delta(self._last[source], first)
+            more, count = _context_delta(self._last[source].counters, first)
             tokens, requests = tokens + more, requests + count
         return tokens / requests if requests > 0 else _DEFAULT_CTX
 
@@ -148,26 +148,42 @@ class EngineCost:
         """The fit in use: the live one where there is one, else the prior (None: unknown)."""
         return self._fit
 
-    def observe(self, source: str, counters: Mapping[str, float]) -> CostPoint | None:
+    def observe(
+        self, source: str, counters: Mapping[str, float], at: float, busy_since: float | None
+    ) -> CostPoint | None:
         """Takes one reading of ``source``'s :data:`COST_SERIES`; the observation it made, if any.
 
-        A reading whose counters went down (a restarted engine) starts over;
-        one with fewer than :data:`MIN_STEPS` steps since the last kept waits
-        for the next.
+        Args:
+            source: the engine read (an upstream's URL, or the in-process engine).
+            counters: the series, as :func:`cost_counters` gives them.
+            at: when they were read (monotonic seconds).
+            busy_since: since when this process has had requests on the engine
+                without a break (None: none now).
+
+        Only the time the engine was kept busy is its steps' time: a reading
+        made while it idled, or after a break since the last kept one, starts
+        the next observation; one with fewer than :data:`MIN_STEPS` steps
+        since the last kept waits for the next, and one whose counters went
+        down (a restarted engine) starts over.
         """
+        reading = _Reading(dict(counters), at)
         before = self._last.get(source)
         steps_name = f"{_STEPS}_count"
-        if before is None or counters.get(steps_name, 0.0) < before.get(steps_name, 0.0):
-            self._last[source] = self._first[source] = dict(counters)
+        if before is None or counters.get(steps_name, 0.0) < before.counters.get(steps_name, 0.0):
+            self._last[source] = reading
+            self._first[source] = reading.counters
             return None
-        steps = counters.get(steps_name, 0.0) - before.get(steps_name, 0.0)
+        if busy_since is None or busy_since > before.at:
+            self._last[source] = reading
+            return None
+        steps = counters.get(steps_name, 0.0) - before.counters.get(steps_name, 0.0)
         if steps < MIN_STEPS:
             return None
-        self._last[source] = dict(counters)
-        seconds, tokens = _latency_delta(counters, before)
-        if tokens <= 0 or seconds <= 0:
+        self._last[source] = reading
+        tokens = counters.get(f"{_STEPS}_sum", 0.0) - before.counters.get(f"{_STEPS}_sum", 0.0)
+        if tokens <= 0 or at <= before.at:
             return None
-        point = CostPoint(max(1.0, tokens / steps), 1000 * seconds / tokens, steps)
+        point = CostPoint(max(1.0, tokens / steps), 1000 * (at - before.at) / steps, steps)
         self.points.append(point)
         self._fit = self._refit()
         self.report()

@@ -520,8 +520,8 @@ class OpenAIEngine(Engine, PassThrough):
         self._queues = {r.url: q for r, q in zip(replicas, queues, strict=True) if q is not None}
         readings, self._upstreams.cost_readings = self._upstreams.cost_readings, {}
         if self.cost is not None:
-            for url, counters in readings.items():
-                self.cost.observe(url, counters)
+            for url, (counters, at, busy_since) in readings.items():
+                self.cost.observe(url, counters, at, busy_since)
         self._in_flight_at_reading = own
         self._read_at = asyncio.get_running_loop().time()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -70,6 +71,8 @@ class VLLMEngine(Engine):
         scheduler = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
         self.capacity = getattr(scheduler, "max_num_seqs", None)
         self._cost_task: asyncio.Task[None] | None = None
+        self._requests = 0  # requests of this process in the engine
+        self._busy_since: float | None = None  # since when it has had some without a break
 
     async def _prompt(self, request: GenerateRequest) -> str | dict[str, list[int]]:
         if isinstance(request.prompt, str):
@@ -117,7 +120,7 @@ class VLLMEngine(Engine):
                 if family.name.startswith("vllm:")
                 for s in family.samples
             ]
-            cost.observe(self.name, cost_counters(samples))
+            cost.observe(self.name, cost_counters(samples), time.monotonic(), self._busy_since)
             await asyncio.sleep(COST_INTERVAL_S)
 
     async def _run(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
@@ -141,6 +144,9 @@ class VLLMEngine(Engine):
         tokens: dict[int, int] = {}
         prompt_tokens = 0
         finished = False
+        self._requests += 1
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
         try:
             async for output in self._engine.generate(
                 await self._prompt(request), params, request_id
@@ -162,6 +168,9 @@ class VLLMEngine(Engine):
                 raise EngineUnavailable(f"vLLM failed: {exc}") from exc
             raise
         finally:
+            self._requests -= 1
+            if not self._requests:
+                self._busy_since = None
             # Cancelled, failed or closed early: its samples stop (a dead engine runs none).
             if not finished and self.down() is None:
                 await self._engine.abort(request_id)

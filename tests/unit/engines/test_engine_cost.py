@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from blendserve.engines._upstreams import parse_cost
-from blendserve.engines.engine_cost import MIN_STEPS, EngineCost
+from blendserve.engines.engine_cost import MIN_STEPS, CostPoint, EngineCost
 from blendserve.engines.step_cost import SHIPPED, StepCost
 from blendserve.stats import Stats
 
@@ -13,21 +13,23 @@ TRUE = StepCost(60.0, 6.0, 0.0, name="true")
 
 
 class Counters:
-    """vLLM's cumulative series of an engine whose steps cost what ``cost`` says."""
+    """vLLM's cumulative series of an engine whose steps cost what ``cost`` says, and its clock."""
 
     def __init__(self, cost: StepCost, prompt: int = 200, generation: int = 100) -> None:
         self.cost = cost
         self.prompt, self.generation = prompt, generation
         self.values: dict[str, float] = {}
+        self.at = 1000.0  # monotonic seconds
 
-    def run(self, batch: int, steps: int, name: str = "vllm:inter_token_latency_seconds") -> dict:
-        """``steps`` decode steps of ``batch`` sequences, ``batch`` requests then finishing."""
-        ms = self.cost.step_ms(batch, self.prompt + self.generation / 2)
+    def run(self, batch: int, steps: int, computed: int = 0) -> dict[str, float]:
+        """``steps`` decode steps of ``batch`` sequences (the first also computing ``computed``
+        prompt tokens), ``batch`` requests then finishing; the series after them."""
+        ctx = self.prompt + self.generation / 2
+        ms = steps * self.cost.step_ms(batch, ctx) + computed * self.cost.per_sequence_ms
+        self.at += ms / 1000
         add = {
-            f"{name}_sum": steps * batch * ms / 1000,
-            f"{name}_count": steps * batch,
             "vllm:iteration_tokens_total_count": steps,
-            "vllm:iteration_tokens_total_sum": steps * batch,
+            "vllm:iteration_tokens_total_sum": steps * batch + computed,
             "vllm:request_prompt_tokens_sum": batch * self.prompt,
             "vllm:request_prompt_tokens_count": batch,
             "vllm:request_generation_tokens_sum": batch * self.generation,
@@ -36,6 +38,13 @@ class Counters:
         for key, value in add.items():
             self.values[key] = self.values.get(key, 0.0) + value
         return dict(self.values)
+
+
+def observe(
+    cost: EngineCost, counters: Counters, source: str = "a", busy_since: float | None = 0.0
+) -> CostPoint | None:
+    """One reading of ``counters`` now, the engine kept busy since ``busy_since``."""
+    return cost.observe(source, dict(counters.values), counters.at, busy_since)
 
 
 class Recorder(Stats):
@@ -47,10 +56,11 @@ class Recorder(Stats):
 
 
 def feed(cost: EngineCost, counters: Counters, widths: list[int], rounds: int = 3) -> None:
-    cost.observe("a", counters.run(1, 0))
+    observe(cost, counters)
     for _ in range(rounds):
         for width in widths:
-            cost.observe("a", counters.run(width, 50))
+            counters.run(width, 50)
+            observe(cost, counters)
 
 
 def test_without_a_profile_the_traffic_alone_gives_the_engines_cost() -> None:
@@ -97,23 +107,65 @@ def test_one_width_alone_without_a_profile_fits_nothing() -> None:
 def test_too_few_steps_wait_for_the_next_reading_and_a_restart_starts_over() -> None:
     cost = EngineCost()
     counters = Counters(TRUE)
-    cost.observe("a", counters.run(1, 0))
-    assert cost.observe("a", counters.run(2, MIN_STEPS - 1)) is None
-    point = cost.observe("a", counters.run(2, 1))  # the two readings merged
+    observe(cost, counters)
+    counters.run(2, MIN_STEPS - 1)
+    assert observe(cost, counters) is None
+    counters.run(2, 1)
+    point = observe(cost, counters)  # the two readings merged
     assert point is not None and point.steps == MIN_STEPS and point.batch == 2
     assert point.ms == pytest.approx(TRUE.step_ms(2, 250))
-    assert cost.observe("a", Counters(TRUE).run(4, 5)) is None  # went down: restarted
-    assert cost.observe("a", counters.run(4, 50)) is not None
+    restarted = Counters(TRUE)
+    restarted.run(4, 5)
+    assert observe(cost, restarted) is None  # went down: restarted
+    counters.run(4, 50)
+    assert observe(cost, counters) is not None
 
 
-def test_older_vllm_names_and_replicas_apart() -> None:
+def test_only_time_the_engine_was_kept_busy_counts() -> None:
+    cost = EngineCost()
+    counters = Counters(TRUE)
+    observe(cost, counters)
+    counters.run(4, 50)
+    counters.at += 30.0  # idle half a minute, then busy again
+    busy_since = counters.at
+    counters.run(4, 50)
+    assert observe(cost, counters, busy_since=busy_since) is None  # a break since the last
+    counters.run(8, 50)
+    assert observe(cost, counters, busy_since=None) is None  # idle now: nothing was kept
+    counters.at += 0.5
+    busy_since = counters.at
+    counters.run(8, 50)
+    assert observe(cost, counters, busy_since=busy_since) is None  # starts the next one
+    counters.run(8, 50)
+    point = observe(cost, counters, busy_since=busy_since)
+    assert point is not None and point.ms == pytest.approx(TRUE.step_ms(8, 250))
+
+
+def test_prompts_computed_in_a_step_count_as_its_width() -> None:
+    """A job's first step computes its prompts, alone or beside decoding sequences: each step
+    counts once, with the tokens it computed, so the line is the engine's own."""
+    cost = EngineCost()
+    counters = Counters(TRUE)
+    observe(cost, counters)
+    for width, prompts in ((1, 30), (4, 120), (8, 240), (16, 480)):
+        counters.run(0, 1, computed=prompts)  # the job's prompts, on an idle engine
+        counters.run(width, 40, computed=prompts)  # another job's, beside decoding
+        observe(cost, counters)
+    fit = cost.current
+    assert fit is not None and fit.name == "live"
+    for width in (1, 8, 32):
+        assert fit.step_ms(width, 250) == pytest.approx(TRUE.step_ms(width, 250), rel=0.01)
+
+
+def test_replicas_apart() -> None:
     cost = EngineCost()
     a, b = Counters(TRUE), Counters(TRUE)
-    name = "vllm:time_per_output_token_seconds"
-    cost.observe("a", a.run(1, 0, name))
-    cost.observe("b", b.run(1, 0, name))
-    assert cost.observe("a", a.run(1, 50, name)) is not None
-    assert cost.observe("b", b.run(16, 50, name)) is not None
+    observe(cost, a, "a")
+    observe(cost, b, "b")
+    a.run(1, 50)
+    b.run(16, 50)
+    assert observe(cost, a, "a") is not None
+    assert observe(cost, b, "b") is not None
     fit = cost.current
     assert fit is not None and fit.step_ms(16, 250) == pytest.approx(TRUE.step_ms(16, 250))
 
@@ -128,19 +180,17 @@ def test_the_sink_hears_the_step_times() -> None:
 
 def test_parse_cost_reads_vllms_histograms_summed_over_label_sets() -> None:
     text = """\
-# TYPE vllm:inter_token_latency_seconds histogram
-vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
-vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1.5
-vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.5
-vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 30.0
-vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 10.0
-vllm:iteration_tokens_total_count{engine="0",model_name="m"} 7.0
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="8.0",model_name="m"} 3.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 15.0
+vllm:iteration_tokens_total_sum{engine="1",model_name="m"} 5.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 3.0
+vllm:iteration_tokens_total_count{engine="1",model_name="m"} 4.0
 vllm:iteration_tokens_total_sum_other 9.0
 vllm:num_requests_running{engine="0",model_name="m"} 4.0
 """
     assert parse_cost(text) == {
-        "vllm:inter_token_latency_seconds_sum": 2.0,
-        "vllm:inter_token_latency_seconds_count": 40.0,
+        "vllm:iteration_tokens_total_sum": 20.0,
         "vllm:iteration_tokens_total_count": 7.0,
     }
     assert parse_cost('vllm:iteration_tokens_total_count{x="1"} one\n') == {}  # malformed
@@ -150,11 +200,12 @@ vllm:num_requests_running{engine="0",model_name="m"} 4.0
 def test_the_context_is_of_the_requests_finished_since_the_first_reading() -> None:
     cost = EngineCost()
     counters = Counters(TRUE, prompt=30, generation=20)
-    cost.observe("a", counters.run(1, 0))
+    observe(cost, counters)
     running = dict(counters.run(4, 50))
     for name in [k for k in running if k.startswith("vllm:request_")]:
         running[name] = 0.0  # none finished yet: the context is not known from these
-    cost.observe("a", running)
-    cost.observe("a", counters.run(16, 50))
+    cost.observe("a", running, counters.at, 0.0)
+    counters.run(16, 50)
+    observe(cost, counters)
     described = cost.describe()
     assert described is not None and described["context"] == 40  # 30 + 20 / 2
