@@ -12,7 +12,6 @@ from tests.support.command import serve_command
 from tests.support.fake_openai import FakeServer, FakeState
 
 
-
 def _health(url: str) -> dict[str, Any]:
     return httpx.get(f"{url}/health", timeout=10).json()
 

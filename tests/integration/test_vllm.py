@@ -230,7 +230,7 @@ def calibrated(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("cost") / "vllm-cpu.jsonl"
     argv = ["calibrate", "--upstream", upstream, "--out", str(out), "--widths", "1,4,8",
-            "--contexts", "32,128", "--tokens", "8,32", "--reps", "2"]  # fmt: skip
+            "--contexts", "32,128", "--tokens", "8,32", "--reps", "3"]  # fmt: skip
     assert main(argv) == 0
     return out
 

@@ -247,6 +247,7 @@ class FakeState:
             for name, key in (
                 ("iteration_tokens_total_count", "steps"),
                 ("iteration_tokens_total_sum", "tokens"),
+                ("generation_tokens_total", "tokens"),
                 ("request_prompt_tokens_count", "requests"),
                 ("request_prompt_tokens_sum", "prompt"),
                 ("request_generation_tokens_count", "requests"),

@@ -5,19 +5,19 @@ calibrate`` wrote) is the prior. An engine that is vLLM, upstream or in
 process, also tells what its steps cost while it serves. Between two readings
 of its Prometheus series taken while this process had requests on it the
 whole time (so the engine never idled between them), the wall time over the
-steps taken (the iteration histogram's count) is the mean step time, and the
-tokens those steps computed (its sum: prompts and decoding sequences alike)
-over the steps the mean width; the requests finished since the first reading,
-their prompt and half their generation tokens, the mean context. Each step
-counts once, whatever it computed, so a step that computes prompts beside
-decoding sequences is priced as the replay engine prices it
-(:mod:`~blendserve.engines.continuous`), and one that finds the engine idle
-is timed like any other. :class:`EngineCost` keeps those observations (the
-last :data:`WINDOW`): once they cover widths at least
-:data:`MIN_WIDTH_SPREAD` apart, the fit in use is ``step = a + b * width`` at
-their context (``a, b >= 0``), each weighed by its steps (relative error);
-before that, the profile scaled to their level (its shape, their speed);
-before any, the profile as it is.
+steps taken (the iteration histogram's count) is the mean step time, the
+tokens sampled over the steps the mean width, and the tokens computed (the
+iteration histogram's sum) less those sampled, over the steps, the prompt
+tokens a step computed; the requests finished since the first reading, their
+prompt and half their generation tokens, the mean context. Each step counts
+once, whatever it computed, so a step that computes prompts beside decoding
+sequences, or one that finds the engine idle, is timed like any other.
+:class:`EngineCost` keeps those observations (the last :data:`WINDOW`): once
+they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
+``step = a + b * width`` of ``step = a + b * width + c * prompt tokens`` at
+their context (``a, b, c >= 0``; a prompt token need not cost a sequence's),
+each weighed by its steps (relative error); before that, the profile scaled
+to their level (its shape, their speed); before any, the profile as it is.
 """
 
 from __future__ import annotations
@@ -44,20 +44,23 @@ __all__ = [
     "cost_counters",
 ]
 
-# vLLM's steps (one iteration-tokens observation a step, of the tokens it computed)
-# and finished requests' lengths.
+# vLLM's steps (one iteration-tokens observation a step, of the tokens it computed:
+# prompt tokens and one a sequence sampled), the tokens sampled, and finished requests'
+# lengths.
 _STEPS = "vllm:iteration_tokens_total"
+_SAMPLED = "vllm:generation_tokens_total"
 _PROMPT = "vllm:request_prompt_tokens"
 _GENERATION = "vllm:request_generation_tokens"
 
 #: The series read for the live estimate (each summed over its label sets).
-COST_SERIES: tuple[str, ...] = tuple(
-    f"{name}_{part}" for name in (_STEPS, _PROMPT, _GENERATION) for part in ("sum", "count")
+COST_SERIES: tuple[str, ...] = (
+    *(f"{name}_{part}" for name in (_STEPS, _PROMPT, _GENERATION) for part in ("sum", "count")),
+    _SAMPLED,
 )
 #: Observations kept for the live fit.
 WINDOW = 256
 #: Steps an observation needs (fewer: the readings are merged until it has them).
-MIN_STEPS = 20
+MIN_STEPS = 10
 #: How far apart (a ratio) the widths seen must be to fit a line through them.
 MIN_WIDTH_SPREAD = 2.0
 #: Widths at which ``/metrics`` and ``/health`` show the step time.
@@ -76,11 +79,13 @@ def cost_counters(samples: Iterable[tuple[str, float]]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class CostPoint:
-    """One observation: ``steps`` steps computing ``batch`` tokens each, ``ms`` each."""
+    """One observation: ``steps`` steps of ``batch`` sequences and ``prompt`` prompt tokens
+    each (means), ``ms`` each."""
 
     batch: float
     ms: float
     steps: float
+    prompt: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,16 @@ class EngineCost:
         if steps < MIN_STEPS:
             return None
         self._last[source] = reading
-        tokens = counters.get(f"{_STEPS}_sum", 0.0) - before.counters.get(f"{_STEPS}_sum", 0.0)
+
+        def delta(name: str) -> float:
+            return counters.get(name, 0.0) - before.counters.get(name, 0.0)
+
+        tokens, sampled = delta(f"{_STEPS}_sum"), delta(_SAMPLED)
         if tokens <= 0 or at <= before.at:
             return None
-        point = CostPoint(max(1.0, tokens / steps), 1000 * (at - before.at) / steps, steps)
+        prompt = max(0.0, tokens - sampled) if _SAMPLED in counters else 0.0
+        width = max(1.0, (tokens - prompt) / steps)
+        point = CostPoint(width, 1000 * (at - before.at) / steps, steps, prompt / steps)
         self.points.append(point)
         self._fit = self._refit()
         self.report()
@@ -196,15 +207,20 @@ class EngineCost:
         widths = [p.batch for p in points]
         prior = self.prior
         if max(widths) >= MIN_WIDTH_SPREAD * min(widths):
-            batch, ms, weight = np.array([(p.batch, p.ms, p.steps) for p in points]).T
+            batch, prompt, ms, weight = np.array(
+                [(p.batch, p.prompt, p.ms, p.steps) for p in points]
+            ).T
             root = np.sqrt(weight)
-            design = np.stack([np.ones_like(batch), batch], axis=1) / ms[:, None] * root[:, None]
-            (at_ctx, per_width), _ = optimize.nnls(design, root)
+            design = np.stack([np.ones_like(batch), batch, prompt], axis=1)
+            (at_ctx, per_width, _), _ = optimize.nnls(design / ms[:, None] * root[:, None], root)
             return StepCost(float(at_ctx), float(per_width), 0.0, 0.0, name="live")
         if prior is None:
             return None
         scale = float(
-            np.average([p.ms / prior.step_ms(round(p.batch), ctx) for p in points], weights=steps)
+            np.average(
+                [p.ms / prior.step_ms(round(p.batch), ctx, p.batch + p.prompt) for p in points],
+                weights=steps,
+            )
         )
         return StepCost(
             base_ms=scale * prior.base_ms,

@@ -21,15 +21,20 @@ class Counters:
         self.values: dict[str, float] = {}
         self.at = 1000.0  # monotonic seconds
 
-    def run(self, batch: int, steps: int, computed: int = 0) -> dict[str, float]:
+    def run(
+        self, batch: int, steps: int, computed: int = 0, prompt_ms: float | None = None
+    ) -> dict[str, float]:
         """``steps`` decode steps of ``batch`` sequences (the first also computing ``computed``
-        prompt tokens), ``batch`` requests then finishing; the series after them."""
+        prompt tokens, ``prompt_ms`` each: None, a sequence's cost), ``batch`` requests then
+        finishing; the series after them."""
         ctx = self.prompt + self.generation / 2
-        ms = steps * self.cost.step_ms(batch, ctx) + computed * self.cost.per_sequence_ms
+        per_prompt = self.cost.per_sequence_ms if prompt_ms is None else prompt_ms
+        ms = steps * self.cost.step_ms(batch, ctx) + computed * per_prompt
         self.at += ms / 1000
         add = {
             "vllm:iteration_tokens_total_count": steps,
             "vllm:iteration_tokens_total_sum": steps * batch + computed,
+            "vllm:generation_tokens_total": steps * batch,
             "vllm:request_prompt_tokens_sum": batch * self.prompt,
             "vllm:request_prompt_tokens_count": batch,
             "vllm:request_generation_tokens_sum": batch * self.generation,
@@ -141,15 +146,16 @@ def test_only_time_the_engine_was_kept_busy_counts() -> None:
     assert point is not None and point.ms == pytest.approx(TRUE.step_ms(8, 250))
 
 
-def test_prompts_computed_in_a_step_count_as_its_width() -> None:
-    """A job's first step computes its prompts, alone or beside decoding sequences: each step
-    counts once, with the tokens it computed, so the line is the engine's own."""
+def test_prompts_computed_in_a_step_are_priced_apart_from_its_sequences() -> None:
+    """A job's first step computes its prompts, alone or beside decoding sequences, a prompt
+    token here at a third of a sequence's cost: each step counts once, and the line is the
+    engine's own for its decoding sequences."""
     cost = EngineCost()
     counters = Counters(TRUE)
     observe(cost, counters)
-    for width, prompts in ((1, 30), (4, 120), (8, 240), (16, 480)):
-        counters.run(0, 1, computed=prompts)  # the job's prompts, on an idle engine
-        counters.run(width, 40, computed=prompts)  # another job's, beside decoding
+    for width, prompts in ((1, 30), (4, 120), (8, 240), (16, 480), (2, 300)):
+        counters.run(0, 1, computed=prompts, prompt_ms=2.0)  # a job's prompts, engine idle
+        counters.run(width, 40, computed=prompts, prompt_ms=2.0)  # another's, beside decoding
         observe(cost, counters)
     fit = cost.current
     assert fit is not None and fit.name == "live"
