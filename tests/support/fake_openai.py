@@ -211,10 +211,11 @@ class FakeState:
     def step(self, body: dict[str, Any], n: int) -> None:
         """Starts modelling ``step_cost``'s steps of a request of ``n`` choices now."""
         if self.step_cost is not None:
+            per_step, per_sequence = self.step_cost
             steps = int(body.get("max_tokens") or 16)
             prompt = _usage(self, 1, body)["prompt_tokens"]
             start = time.monotonic() + self.latency
-            end = start + _latency(self, body, n, None) - self.latency
+            end = start + steps * (per_step + n * per_sequence)
             self._stepped.append((start, end, n, steps, prompt))
 
     def step_series(self) -> str:

@@ -34,11 +34,11 @@ sink as the replica's health: 1 closed, 0.5 half-open, 0 open.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
+from blendserve.engines.engine_cost import Busy
 from blendserve.stats import NO_STATS, Stats
 
 __all__ = ["BreakerState", "Replica", "ReplicaSet"]
@@ -59,9 +59,7 @@ class Replica:
     Attributes:
         url: normalised base URL (ends in ``/v1``).
         outstanding: sequences in flight on it.
-        requests: requests in flight on it.
-        busy_since: since when it has had requests in flight without a break
-            (monotonic seconds; None: none now).
+        busy: its requests in flight, and since when it has had some.
         trials: requests a half-open breaker takes at once.
         failures: consecutive failures since the last success.
         state: its circuit breaker's state.
@@ -71,8 +69,7 @@ class Replica:
 
     url: str
     outstanding: int = 0
-    requests: int = 0
-    busy_since: float | None = None
+    busy: Busy = field(default_factory=Busy)
     trials: int = 1
     failures: int = 0
     state: BreakerState = BreakerState.CLOSED
@@ -88,7 +85,7 @@ class Replica:
         """Whether it takes a request now: closed, or half-open with a trial to spare."""
         state = self.state
         return state is BreakerState.CLOSED or (
-            state is BreakerState.HALF_OPEN and self.requests < self.trials
+            state is BreakerState.HALF_OPEN and self.busy.requests < self.trials
         )
 
 
@@ -185,17 +182,13 @@ class ReplicaSet:
         replica = self.pick(key, avoid)
         if replica is not None:
             replica.outstanding += weight
-            replica.requests += 1
-            if replica.busy_since is None:
-                replica.busy_since = time.monotonic()
+            replica.busy.enter()
         return replica
 
     def release(self, replica: Replica, weight: int = 1) -> None:
         """Returns ``weight`` outstanding sequences charged by :meth:`acquire`."""
         replica.outstanding -= weight
-        replica.requests -= 1
-        if not replica.requests:
-            replica.busy_since = None
+        replica.busy.leave()
 
     def record_success(self, replica: Replica) -> None:
         """The replica answered: its failure streak ends and its breaker closes."""

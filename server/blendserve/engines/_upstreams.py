@@ -224,7 +224,7 @@ class Upstreams:
         self._shared_transport = transport is not None  # self.pool closes it
         self._no_metrics_until: dict[str, float] = {}
         #: Each replica's last reading of vLLM's step-cost series, until taken: the series,
-        #: when they came (monotonic seconds) and the replica's ``busy_since`` then.
+        #: when they came (monotonic seconds) and since when the replica had been busy then.
         self.cost_readings: dict[str, tuple[dict[str, float], float, float | None]] = {}
         self._no_metrics_logged: set[str] = set()
         # prompt digest -> its token count, for upstreams whose streams carry no usage
@@ -282,7 +282,7 @@ class Upstreams:
         try:
             get = self._metrics.side(replica.url, url, None, SIDE_TIMEOUT)
             response = await within(get, SIDE_TIMEOUT)  # a body that trickles in, too
-            read_at, busy_since = time.monotonic(), replica.busy_since
+            read_at, busy_since = time.monotonic(), replica.busy.since
             response.raise_for_status()
             # Parsed off the loop: a body of many label sets takes a while even within its cap.
             queue, cost = await asyncio.to_thread(_read_metrics, response.content)

@@ -23,6 +23,7 @@ to their level (its shape, their speed); before any, the profile as it is.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ __all__ = [
     "MIN_WIDTH_SPREAD",
     "REPORTED_WIDTHS",
     "WINDOW",
+    "Busy",
     "CostPoint",
     "EngineCost",
     "cost_counters",
@@ -86,6 +88,27 @@ class CostPoint:
     ms: float
     steps: float
     prompt: float = 0.0
+
+
+class Busy:
+    """The requests this process has on an engine, and since when it has had some without a
+    break (``since``, monotonic seconds; None: none now): the time its steps took."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.since: float | None = None
+
+    def enter(self) -> None:
+        """One more request on the engine."""
+        if not self.requests:
+            self.since = time.monotonic()
+        self.requests += 1
+
+    def leave(self) -> None:
+        """One request fewer."""
+        self.requests -= 1
+        if not self.requests:
+            self.since = None
 
 
 @dataclass(frozen=True)

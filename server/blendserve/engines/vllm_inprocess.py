@@ -18,7 +18,7 @@ from typing import Any
 
 from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
-from blendserve.engines.engine_cost import EngineCost, cost_counters
+from blendserve.engines.engine_cost import Busy, EngineCost, cost_counters
 from blendserve.errors import EngineDown, EngineError, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
 
@@ -71,8 +71,7 @@ class VLLMEngine(Engine):
         scheduler = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
         self.capacity = getattr(scheduler, "max_num_seqs", None)
         self._cost_task: asyncio.Task[None] | None = None
-        self._requests = 0  # requests of this process in the engine
-        self._busy_since: float | None = None  # since when it has had some without a break
+        self._busy = Busy()
 
     async def _prompt(self, request: GenerateRequest) -> str | dict[str, list[int]]:
         if isinstance(request.prompt, str):
@@ -120,7 +119,7 @@ class VLLMEngine(Engine):
                 if family.name.startswith("vllm:")
                 for s in family.samples
             ]
-            cost.observe(self.name, cost_counters(samples), time.monotonic(), self._busy_since)
+            cost.observe(self.name, cost_counters(samples), time.monotonic(), self._busy.since)
             await asyncio.sleep(COST_INTERVAL_S)
 
     async def _run(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
@@ -144,9 +143,7 @@ class VLLMEngine(Engine):
         tokens: dict[int, int] = {}
         prompt_tokens = 0
         finished = False
-        self._requests += 1
-        if self._busy_since is None:
-            self._busy_since = time.monotonic()
+        self._busy.enter()
         try:
             async for output in self._engine.generate(
                 await self._prompt(request), params, request_id
@@ -168,9 +165,7 @@ class VLLMEngine(Engine):
                 raise EngineUnavailable(f"vLLM failed: {exc}") from exc
             raise
         finally:
-            self._requests -= 1
-            if not self._requests:
-                self._busy_since = None
+            self._busy.leave()
             # Cancelled, failed or closed early: its samples stop (a dead engine runs none).
             if not finished and self.down() is None:
                 await self._engine.abort(request_id)
