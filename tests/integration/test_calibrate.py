@@ -244,7 +244,7 @@ def test_the_embedded_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # (its own server, not test_embedded_llama's: that path is what is tested; the model
     # file comes from the same cache).
     out = tmp_path / "profile.jsonl"
-    flags = ["--widths", "1,2", "--contexts", "64,128", "--tokens", "4,16", "--reps", "1"]
+    flags = ["--widths", "1,2", "--contexts", "64,128", "--tokens", "4,32", "--reps", "1"]
     code = calibrate(None, out, *flags, "--timeout", "120")
     captured = capsys.readouterr()
     assert code == 0, captured.err
