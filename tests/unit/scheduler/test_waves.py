@@ -1,12 +1,14 @@
 """A job on an engine with room goes in a few waves; on a busy one, sample by sample."""
 
 import asyncio
+import math
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
-from blendserve.engines.base import GenerateRequest, Sample
+import pytest
+from blendserve.engines.base import EngineLoad, GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.sim import run_virtual
@@ -103,6 +105,39 @@ def test_a_busy_engine_keeps_the_job_sample_by_sample() -> None:
     sizes = Counter(len(s) for s in engine.starts.values())
     assert max(sizes) > 4  # rounds are not bounded: samples, not waves, bound the job
     assert engine.stats.max_sequences_in_flight <= 8
+
+
+class _TenantEngine(WaveEngine):
+    """A wave engine that reports ``others`` sequences of another tenant running on it."""
+
+    def __init__(self, records: list[dict[str, Any]], capacity: int, others: int) -> None:
+        super().__init__(records, capacity)
+        self.others = others
+
+    def load(self) -> EngineLoad:
+        load = super().load()
+        return EngineLoad(load.capacity, load.running + self.others, load.waiting)
+
+
+@pytest.mark.parametrize("others", [127, 128])
+def test_an_engine_others_hold_half_of_keeps_the_job_sample_by_sample_in_its_free_slots(
+    others: int,
+) -> None:
+    """Waves while others hold less than half the engine; from half on, sample by sample,
+    filling the slots left free beyond the job's own in-flight limit."""
+    records = _records(64, seed=4)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    engine = _TenantEngine(records, capacity=256, others=others)
+    job = Job(JobSpec(questions, budget=64 * 12, max_rounds=4), engine, last_word)
+    events, _ = _run(job)
+    assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64 * 4
+    rounds = max(len(s) for s in engine.starts.values())
+    if others < 128:
+        assert rounds <= 4
+    else:
+        assert rounds > 4
+        limit = math.ceil(job.spec.in_flight_per_question * 64)
+        assert limit < engine.stats.max_sequences_in_flight <= 256 - others
 
 
 class _OverlapEngine(ReplayEngine):
