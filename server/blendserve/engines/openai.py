@@ -68,12 +68,13 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   others' load. The last reading is kept in memory by a background task that
   reads every replica at most every ``load_interval`` seconds (started by the
   first ``load`` or ``generate`` that runs in an event loop, stopped by
-  ``aclose``); ``load`` itself does no I/O. The growth of this process's own
+  ``aclose``); ``load`` itself does no I/O. The change in this process's own
   ``sequences_in_flight`` since the reading is added to it (a burst just sent
-  is not invisible until the next reading), and the load is never less than
-  this process's own. A replica without those gauges (no ``/metrics``, not
-  Prometheus text, no answer within 5 s) counts this process's sequences in
-  flight there instead, and is asked again a minute later. vLLM counts
+  is not invisible until the next reading, and samples that ended leave at
+  once), and the load is never less than this process's own. A replica
+  without those gauges (no ``/metrics``, not Prometheus text, no answer
+  within 5 s) counts this process's sequences in flight there instead, and
+  is asked again a minute later. vLLM counts
   requests: V1 splits a request with ``n > 1`` into ``n`` requests, so there
   its counts are sequences (an older V0 server counts such a request once).
 """
@@ -504,7 +505,9 @@ class OpenAIEngine(Engine, PassThrough):
             else:
                 running += queue[0]
                 waiting += queue[1]
-        running += max(0, own - self._in_flight_at_reading)  # sent since the reading
+        # Sent since the reading (a burst counts at once), less what ended since (a job
+        # that shares the engine must not take its own last wave for others' load).
+        running = max(0, running + own - self._in_flight_at_reading)
         return EngineLoad(capacity, max(running, own - waiting), waiting)
 
     async def refresh_load(self) -> None:

@@ -169,7 +169,7 @@ def test_load_reads_running_and_waiting_of_every_replica_from_their_metrics() ->
     run_coroutine(go())
 
 
-def test_own_sequences_sent_since_the_reading_are_added_and_own_is_the_floor() -> None:
+def test_own_sequences_sent_since_the_reading_are_added_those_ended_taken_off() -> None:
     async def go() -> None:
         upstreams = FakeUpstreams({"a.test": vllm_metrics((2, 0), 1)})
         async with engine(upstreams, [A], capacity=8, load_interval=HOUR) as e:
@@ -184,8 +184,10 @@ def test_own_sequences_sent_since_the_reading_are_added_and_own_is_the_floor() -
             e.sequences_in_flight += 6  # 10 of this process's own: more than vLLM shows
             await e.refresh_load()
             assert e.load() == EngineLoad(8, running=9, waiting=1)
-            e.sequences_in_flight -= 10  # they ended, the reading stays until the next
-            assert e.load() == EngineLoad(8, running=6, waiting=1)
+            e.sequences_in_flight -= 7  # they ended: taken off the reading at once
+            assert e.load() == EngineLoad(8, running=2, waiting=1)  # 3 own, less 1 waiting
+            e.sequences_in_flight -= 3  # never below nothing running
+            assert e.load() == EngineLoad(8, running=0, waiting=1)
 
     run_coroutine(go())
 
