@@ -74,9 +74,9 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   once), and the load is never less than this process's own. A replica
   without those gauges (no ``/metrics``, not Prometheus text, no answer
   within 5 s) counts this process's sequences in flight there instead, and
-  is asked again a minute later. vLLM counts
-  requests: V1 splits a request with ``n > 1`` into ``n`` requests, so there
-  its counts are sequences (an older V0 server counts such a request once).
+  is asked again a minute later. vLLM counts requests: V1 splits a request
+  with ``n > 1`` into ``n`` requests, so there its counts are sequences (an
+  older V0 server counts such a request once).
 """
 
 from __future__ import annotations
