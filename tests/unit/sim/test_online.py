@@ -7,6 +7,8 @@ from blendserve.sim import sample_efficiency, synthetic
 from blendserve.sim.online import run_online
 
 
+# About 30 s alone; four times that beside another test worker's numpy on 2 cores.
+@pytest.mark.timeout(480)
 def test_the_stream_spends_the_budget_and_beats_sc_at_that_spend() -> None:
     dataset = synthetic("llm", 400, seed=0)
     run = run_online(dataset, OnlineRule(), 6.0, seed=0)
