@@ -41,11 +41,12 @@ Waves are for an engine this job has mostly to itself, where a round's wait
 is steps the engine idles through. Once others (other jobs, ``/v1`` questions,
 other clients of the upstream) hold at least half of the engine's capacity,
 the job decides sample by sample instead, up to its in-flight limit or the
-free slots, whichever is more: rounds there cost the engine nothing, while a
-sample decided blind costs a slot another question could use. Under load
-(every job of a set at once, C=256, 20 samples a question) the flat family's
-error fell from 0.223 to 0.207 (SC@32: 0.206), and every other family's
-likewise, at the same throughput (docs/benchmarks.md, "Under load").
+free slots, whichever is more (within ``concurrency``): rounds there cost the
+engine nothing, while a sample decided blind costs a slot another question
+could use. Under load (every job of a set at once, C=256, 20 samples a
+question) the flat family's error fell from 0.223 to 0.207 (SC@32: 0.206),
+and every other family's likewise, at the same throughput
+(docs/benchmarks.md, "Under load").
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
