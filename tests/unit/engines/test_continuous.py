@@ -87,6 +87,26 @@ def test_a_cancelled_request_frees_its_slots_at_once() -> None:
     assert batch.load().running == batch.load().waiting == 0
 
 
+def test_a_cancelled_waiting_request_gives_its_turn_to_the_next() -> None:
+    batch = ContinuousBatch(FLAT, capacity=1)
+
+    async def scenario() -> float:
+        running = asyncio.ensure_future(_drain(batch, 0, [10]))
+        given_up = asyncio.ensure_future(_drain(batch, 0, [1000]))
+        queued = asyncio.ensure_future(_drain(batch, 0, [10]))
+        await asyncio.sleep(0.05)
+        assert batch.load().waiting == 2
+        given_up.cancel()
+        await asyncio.sleep(0)
+        assert batch.load().running == 1 and batch.load().waiting == 1
+        await asyncio.gather(running, queued)
+        return asyncio.get_running_loop().time()
+
+    ended, _ = run_virtual(scenario())
+    assert ended == pytest.approx(2 * 10 * 0.011)  # the cancelled one never ran
+    assert batch.load().running == batch.load().waiting == 0
+
+
 def test_context_makes_steps_longer() -> None:
     cost = StepCost(base_ms=10.0, per_sequence_ms=0.0, per_sequence_context_ms=0.001)
     (short_prompt,) = _ends(ContinuousBatch(cost), [(0, [10])])
