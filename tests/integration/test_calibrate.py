@@ -239,14 +239,15 @@ def test_a_grid_too_small_to_fit(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 @pytest.mark.llama
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # its own server starts, then 24 requests on cores shared with tests
 def test_the_embedded_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # No engine flag: the embedded llama.cpp default, built as `blendserve serve` builds it
     # (its own server, not test_embedded_llama's: that path is what is tested; the model
     # file comes from the same cache).
-    # Three repetitions of a 60-token span: the step is their median, so one request slowed
+    # Three repetitions of a 36-token span: the step is their median, so one request slowed
     # by the other test worker on the same cores does not hide it.
     out = tmp_path / "profile.jsonl"
-    flags = ["--widths", "1,2", "--contexts", "64,128", "--tokens", "4,64", "--reps", "3"]
+    flags = ["--widths", "1,2", "--contexts", "64,128", "--tokens", "4,40", "--reps", "3"]
     code = calibrate(None, out, *flags, "--timeout", "120")
     captured = capsys.readouterr()
     assert code == 0, captured.err
