@@ -19,7 +19,9 @@ the distinct times its requests started). **Load** (``--load``): every job
 of a set at once on one engine (the engine full), the modelled seconds until
 the last answer, the tokens saved per question (samples in flight cut when
 their question settled, at the run's mean length), and the throughput
-(questions a second) against SC@32's.
+(questions a second) against SC@32's. ``--copies K`` puts each question in
+K times under new ids: K times the jobs at once, so that they keep the engine
+full for longer than its last questions take to drain.
 **HTTP** (``--http``): the same jobs through a real ``POST /solve`` on a
 loopback server over the same engine, in real time (a wave lasts
 ``--wave-seconds``), at the budget the idle search found, against SC@32 sent
@@ -35,7 +37,7 @@ HTTP ``--wave-seconds`` is the real seconds of a modelled one.
 
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
     [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4] [--load]
-    [--per-token 0] [--http] [--wave-seconds 0.5] [--profile NAME] [--lengths cot]
+    [--copies 1] [--per-token 0] [--http] [--wave-seconds 0.5] [--profile NAME] [--lengths cot]
 """
 
 from __future__ import annotations
@@ -326,8 +328,16 @@ def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         )
 
 
+def copies(records: list[Record], k: int) -> list[Record]:
+    """``records`` ``k`` times over, each copy under ids of its own (``#1``, ``#2``, ...)."""
+    if k == 1:
+        return records
+    return [Record(f"{r.id}#{i}", r.answers, r.probs) for i in range(k) for r in records]
+
+
 def load_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
-    """One row per capacity: every job of the set at once, the engine full."""
+    """One row per capacity: every job of the set (``--copies`` times over) at once."""
+    records = copies(records, args.copies)
     jobs = [records[i : i + size] for i in range(0, len(records), size)]
     for capacity in args.capacity:
         options = {
@@ -417,6 +427,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4, help="idle: jobs per set and size, at most")
     parser.add_argument("--synthetic", default="llm,flat,many,ties,mixed,d1,d2")
     parser.add_argument("--load", action="store_true", help="the load table instead")
+    parser.add_argument(
+        "--copies", type=int, default=1, help="load: each question this many times, new ids"
+    )
     parser.add_argument("--per-token", type=float, default=0.0, help="modelled seconds a token")
     parser.add_argument("--http", action="store_true", help="the HTTP table instead")
     parser.add_argument("--profile", help="a decode-step profile: continuous batching, seconds")
