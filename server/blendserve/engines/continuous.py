@@ -82,7 +82,7 @@ class ContinuousBatch:
         self.cost = cost
         self.capacity = capacity
         self.scale = scale
-        self._running: dict[_Sequence, None] = {}  # in the order they joined
+        self._running: set[_Sequence] = set()  # never iterated: ends come off the heap in order
         self._waiting: deque[_Sequence] = deque()  # with those gone, skipped when admitted
         self._num_waiting = 0
         self._decoded = 0.0  # tokens every running sequence decoded since the batch was empty
@@ -149,7 +149,7 @@ class ContinuousBatch:
     def _drop(self, sequence: _Sequence) -> None:
         """Takes a running sequence's part out of the batch's sums (its heap entries are
         skipped when they come up)."""
-        del self._running[sequence]
+        self._running.remove(sequence)
         self._ctx_less_decoded -= sequence.prompt - sequence.start
         if sequence.prefill:
             self._prefill_extra -= sequence.prefill - 1.0
@@ -179,7 +179,7 @@ class ContinuousBatch:
             sequence.start = self._decoded
             sequence.order = self._joined
             self._joined += 1
-            self._running[sequence] = None
+            self._running.add(sequence)
             self._ctx_less_decoded += sequence.prompt - sequence.start
             self._prefill_extra += sequence.prefill - 1.0
             entry = (sequence.start + sequence.length, sequence.order, sequence)
