@@ -137,4 +137,4 @@ def test_clients_idle_for_the_pools_idle_time_are_forgotten() -> None:
     first = kept.pacing("a")
     kept.pacing("b")
     assert kept.pacing("a") is first and list(kept._clients) == ["b", "a"]
-    assert kept.idle(kept.seen + 600) and not kept.idle(kept.seen + 1)
+    assert kept.idle(kept.seen + 601) and not kept.idle(kept.seen + 1)
