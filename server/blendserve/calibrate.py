@@ -50,6 +50,8 @@ __all__ = [
 MIN_POINTS = 4
 #: The fewest tokens between the short and the long request that still measure a step.
 MIN_TOKEN_SPAN = 4
+#: Times a point drowned in noise is measured again, each with twice the token span.
+NOISE_RETRIES = 2
 #: Characters per prompt token guessed before the engine has counted one (digits and
 #: commas are a token each in some tokenizers).
 _CHARS_PER_TOKEN = 2.0
@@ -243,8 +245,30 @@ class _Prober:
             self.chars_per_token = chars / prompt_tokens
 
     async def point(self, width: int, context: int) -> Point:
-        """The point of ``width`` and ``context``, over the grid's repetitions."""
+        """The point of ``width`` and ``context``, over the grid's repetitions.
+
+        Where the long requests took no longer than the short ones (a busy host's
+        noise drowned the steps), the point is measured again with the long request
+        twice as far from the short one, up to :data:`NOISE_RETRIES` times.
+        """
         short, long = self.grid.tokens
+        for retry in range(NOISE_RETRIES + 1):
+            point = await self._point(width, context, short, long)
+            if point.ms_median > 0:
+                return point
+            if retry < NOISE_RETRIES:
+                long = short + 2 * (long - short)
+                self.progress(
+                    f"width {width}, context {context}: the steps were lost in the noise; "
+                    f"measuring again with {long} tokens"
+                )
+        raise CalibrationError(
+            f"at width {width}, context {context} the long requests took no longer than "
+            f"the short ones, up to {long} tokens: the steps are lost in the noise; "
+            f"try larger --tokens"
+        )
+
+    async def _point(self, width: int, context: int, short: int, long: int) -> Point:
         steps: list[float] = []
         firsts: list[float] = []
         prompts: list[float] = []
@@ -254,33 +278,36 @@ class _Prober:
             wall_long, tokens_long, prompt_long, _ = await self.timed(width, context, long)
             span = tokens_long - tokens_short
             if span < MIN_TOKEN_SPAN:
-                raise CalibrationError(self._too_short(width, context, tokens_short, tokens_long))
+                raise CalibrationError(
+                    _too_short(width, context, (tokens_short, tokens_long), (short, long))
+                )
             steps.append(1000 * (wall_long - wall_short) / span)
             firsts.append(1000 * wall_short - tokens_short * steps[-1])
             prompts.append((prompt_short + prompt_long) / 2)
             made.append((tokens_short + tokens_long) / 2)
-        ms = statistics.median(steps)
-        if ms <= 0:
-            raise CalibrationError(
-                f"at width {width}, context {context} the long requests took no longer than "
-                f"the short ones: the steps are lost in the noise; try larger --tokens"
-            )
         prompt = statistics.median(prompts) or float(context)  # 0: the engine did not count it
         ctx = prompt + statistics.median(made)
-        first = statistics.median(firsts)
         return Point(
-            width, context, ctx, ms, min(steps), first, self.grid.reps, self.grid.tokens, prompt
+            width,
+            context,
+            ctx,
+            statistics.median(steps),
+            min(steps),
+            statistics.median(firsts),
+            self.grid.reps,
+            (short, long),
+            prompt,
         )
 
-    def _too_short(self, width: int, context: int, short: int, long: int) -> str:
-        if long == 0:
-            return "the engine reports no completion tokens (no usage): it cannot be measured"
-        return (
-            f"the engine stops too early to be measured: at width {width}, context {context} "
-            f"its longest samples had {short} and {long} tokens of {self.grid.tokens[0]} and "
-            f"{self.grid.tokens[1]} asked (at least {MIN_TOKEN_SPAN} apart needed); "
-            f"try a larger --tokens"
-        )
+
+def _too_short(width: int, context: int, made: tuple[int, int], asked: tuple[int, int]) -> str:
+    if made[1] == 0:
+        return "the engine reports no completion tokens (no usage): it cannot be measured"
+    return (
+        f"the engine stops too early to be measured: at width {width}, context {context} "
+        f"its longest samples had {made[0]} and {made[1]} tokens of {asked[0]} and "
+        f"{asked[1]} asked (at least {MIN_TOKEN_SPAN} apart needed); try a larger --tokens"
+    )
 
 
 async def measure(
