@@ -397,4 +397,9 @@ def test_in_process_stream_hands_samples_over_as_they_end_aborts_the_rest_and_ca
     assert sorted((p["batch"], p["context"]) for p in profile) == [(1, 32), (1, 128), (4, 32),
                                                                     (4, 128)], profile  # fmt: skip
     fit = StepCost.fit(profile)
-    assert 0 < fit.step_ms(1, 64) < fit.step_ms(4, 64), (fit, profile)
+    # Within a factor of each point: on a CPU where width is nearly free (AVX-512), width 4
+    # may measure no slower than width 1, so the fit's width term can be nil.
+    assert all(0.5 <= fit.step_ms(p["batch"], p["ctx"]) / p["ms_median"] <= 2 for p in profile), (
+        fit,
+        profile,
+    )

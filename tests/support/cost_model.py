@@ -1,11 +1,12 @@
 """The cost model against a real engine: a job's wall time predicted and measured.
 
 Two greedy counting questions (every sample of a question the same line, so
-lengths are known) are asked as SC@32 and as a default job through a
-blendserve in this process in front of the engine, at most ``width`` samples
-in flight a job; then the replay engine on the engine's calibrated profile
-(the SC@32 run's answers and mean length, ``width`` sequences at once)
-predicts both. Used by ``bench/bench_cost_model.py`` and the vLLM lane.
+lengths are known) are asked as SC@32 (a question's 32 samples sent at once)
+and as a default job through a blendserve in this process in front of the
+engine, told it runs ``width`` sequences at once, each job at most ``width``
+in flight; then the replay engine on the engine's calibrated profile (the
+SC@32 run's answers and mean length, ``width`` sequences at once) predicts
+both. Used by ``bench/bench_cost_model.py`` and the vLLM lane.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ QUESTIONS = [
     {"id": "c1", "prompt": "Count up from 1 to 10, separated by commas:\n"},
 ]
 GREEDY = {"temperature": 0.0, "max_tokens": 96, "stop": ["\n"]}
-SC = {"budget_per_question": 32, "policy": "sc"}
+SC = {"budget_per_question": 32, "policy": "sc", "in_flight_per_question": 32}
 DEFAULT = {"budget_per_question": 8}
 
 
@@ -95,7 +96,7 @@ def _predicted(
 def compare(upstream: str, profile: Path, width: int = 8, scale: float = 0.25) -> Comparison:
     """Both jobs run through blendserve in front of ``upstream`` (a ``/v1`` URL), then
     predicted on ``profile`` by the replay engine at ``scale`` times its speed."""
-    app = create_app(Settings(upstreams=(upstream,), group_wait_ms=0))
+    app = create_app(Settings(upstreams=(upstream,), group_wait_ms=0, engine_capacity=width))
     with LiveServer(app, timeout=60) as live:
         sc_s, sc = _timed_solve(live.url, width, SC)
         default_s, default = _timed_solve(live.url, width, DEFAULT)

@@ -85,7 +85,7 @@ from blendserve.scheduler.events import (
     Usage,
 )
 from blendserve.scheduler.failures import FailureStreak
-from blendserve.scheduler.spec import JobSpec, Keyer
+from blendserve.scheduler.spec import DEFAULT_CONCURRENCY, JobSpec, Keyer
 from blendserve.scheduler.streams import deliver, drain
 from blendserve.stats import JobReport, Stats
 
@@ -137,7 +137,7 @@ class Job:
     ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
-        if spec.concurrency < 1 or spec.max_samples_per_request < 1:
+        if min(spec.concurrency or 1, spec.max_samples_per_request) < 1:
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
         if not spec.in_flight_per_question > 0:
             raise ValueError(
@@ -173,6 +173,7 @@ class Job:
         self._replan = False  # a question's wave is all back: the plan may send it another
         waves = spec.max_rounds > 0 and self.policy.plans_waves
         self._plan = WavePlan(max_rounds=spec.max_rounds) if waves else None
+        self._concurrency = spec.concurrency or DEFAULT_CONCURRENCY  # sample by sample
         self._rounds = [0] * self._num_questions  # waves each question was sent
         self._num_cut = 0  # samples in flight cancelled because their question settled
 
@@ -365,10 +366,10 @@ class Job:
         """Samples the job may have in flight now (see the class docstring)."""
         policy = self.policy
         if policy.num_open == 1:  # nothing left to rank: only where it could stop
-            return max(1, min(self.spec.concurrency, policy.num_pending + policy.lone_runway()))
+            return max(1, min(self._concurrency, policy.num_pending + policy.lone_runway()))
         informed = math.ceil(self.spec.in_flight_per_question * policy.num_open)
         # Two at least, so that one slow sample does not hold up a small job.
-        return min(self.spec.concurrency, max(2, informed))
+        return min(self._concurrency, max(2, informed))
 
     def _dispatch(self, in_flight: dict[asyncio.Task[None], _Request]) -> None:
         """Sends the plan's waves while the engine has room for more than the sample-by-sample
@@ -379,11 +380,13 @@ class Job:
         if self._plan is not None:
             load = self.engine.load()
             free = load.free
+            if self.spec.concurrency is not None:
+                free = min(free, self.spec.concurrency - policy.num_pending)
             others = load.running + load.waiting - policy.num_pending
             if load.capacity and 2 * others >= load.capacity:
                 # Others keep the engine busy: a round costs it no idle steps, a sample
                 # costs a slot, so decide sample by sample and keep the free slots filled.
-                limit = max(limit, min(self.spec.concurrency, policy.num_pending + free))
+                limit = max(limit, min(self._concurrency, policy.num_pending + free))
             elif free > limit - policy.num_pending:
                 # A question's next wave is planned once its last one is all back:
                 # a plan made on the part that came back first (on a real engine,
@@ -401,7 +404,8 @@ class Job:
         self._send(sizes, in_flight)
 
     def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int]:
-        """The plan's next waves that fit in ``free`` sequences; the rest waits for room.
+        """The plan's next waves that fit in ``free`` sequences (the engine's, within the
+        job's ``concurrency``); the rest waits for room.
 
         A question planned none has passed a round too: it catches up with the
         question furthest on, so that waves planned for it later still end
@@ -412,8 +416,11 @@ class Job:
         sizes: dict[int, int] = {}
         passed = []
         for q, k in policy.plan_waves(plan, rounds).items():
-            if k > free and (sizes or policy.num_pending):
-                break  # the rest waits for room (the engine would queue it)
+            if k > free:
+                if sizes or policy.num_pending:
+                    break  # the rest waits for room (the engine would queue it)
+                if self.spec.concurrency is not None:
+                    k = free  # the job's bound: the wave goes in part, the rest is planned again
             sent = policy.assign(q, k)
             if sent:
                 sizes[q] = sent

@@ -10,10 +10,19 @@ from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
-__all__ = ["DEFAULT_IN_FLIGHT_PER_QUESTION", "JobSpec", "Keyer", "Question", "RequestSettings"]
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_IN_FLIGHT_PER_QUESTION",
+    "JobSpec",
+    "Keyer",
+    "Question",
+    "RequestSettings",
+]
 
 #: Samples in flight per open question of a job, at most (see :class:`~blendserve.scheduler.Job`).
 DEFAULT_IN_FLIGHT_PER_QUESTION = 0.25
+#: Samples in flight a job decides sample by sample at most, unless it is given a bound.
+DEFAULT_CONCURRENCY = 64
 
 #: ``text -> (extracted answer, canonical key)``, both None when the sample abstains.
 Keyer = Callable[[str], Awaitable[tuple[str | None, str | None]]]
@@ -62,7 +71,9 @@ class JobSpec:
         sampling: sampling parameters of every request.
         model: upstream model name.
         settle_delta: PPR-1v1 error at which a question stops (0: never).
-        concurrency: most samples in flight.
+        concurrency: most samples in flight, waves included (None: at most
+            :data:`DEFAULT_CONCURRENCY` decided sample by sample, and waves as large as
+            the engine has room for).
         in_flight_per_question: samples in flight per open question, at most
             (the latency trade-off: more is fewer rounds, fewer is decisions
             closer to the sequential policy's; see :class:`Job`).
@@ -85,7 +96,7 @@ class JobSpec:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str | None = None
     settle_delta: float = 0.0
-    concurrency: int = 64
+    concurrency: int | None = None
     in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
     max_samples_per_request: int = 16
     max_rounds: int = DEFAULT_MAX_ROUNDS

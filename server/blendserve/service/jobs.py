@@ -20,7 +20,7 @@ from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import Job, JobSpec, Keyer, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
-from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
+from blendserve.scheduler.spec import DEFAULT_CONCURRENCY, DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.settings import Settings
 from blendserve.service.vocabulary import AnswerFormat
 
@@ -48,7 +48,7 @@ __all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions"]
 class JobDefaults:
     """The service's side of every job: what a request leaves unset or cannot set."""
 
-    concurrency: int = 64
+    concurrency: int | None = None
     in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
     max_rounds: int = DEFAULT_MAX_ROUNDS
     request_timeout: float | None = None
@@ -188,7 +188,7 @@ class JobMaker:
             score=score,
             cap=cap,
             max_cap=max_cap,
-            concurrency=options.concurrency or self.defaults.concurrency,
+            concurrency=options.concurrency or self.defaults.concurrency or DEFAULT_CONCURRENCY,
             max_rounds=self.defaults.max_rounds
             if options.max_rounds is None
             else options.max_rounds,

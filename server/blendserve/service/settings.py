@@ -65,8 +65,12 @@ class Settings(BaseSettings):
     vllm_model: str | None = Field(
         None, description="run this model with vLLM in-process (a GPU, or vLLM's CPU build)"
     )
-    default_concurrency: int = Field(
-        64, ge=1, description="/solve: samples in flight per job at most"
+    default_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="samples in flight per /solve job or /v1 pool at most, waves included "
+        "(unset: a job decides at most 64 sample by sample and sends waves as large as the "
+        "engine has room for; a pool keeps 64)",
     )
     default_in_flight_per_question: float = Field(
         DEFAULT_IN_FLIGHT_PER_QUESTION,

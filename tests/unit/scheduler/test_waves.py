@@ -61,15 +61,23 @@ def _run(job: Job) -> tuple[list[Any], float]:
     capacity=st.sampled_from([64, 256, 4096]),
     max_rounds=st.integers(1, 5),
     seed=st.integers(0, 3),
+    concurrency=st.none() | st.integers(1, 96),
 )
 def test_a_lone_job_takes_at_most_max_rounds_waves_per_question_and_accounts_every_sample(
-    num_questions: int, per_question: int, capacity: int, max_rounds: int, seed: int
+    num_questions: int,
+    per_question: int,
+    capacity: int,
+    max_rounds: int,
+    seed: int,
+    concurrency: int | None,
 ) -> None:
     records = _records(num_questions, seed)
     engine = WaveEngine(records, capacity, seed)
     questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
     budget = num_questions * per_question
-    spec = JobSpec(questions, budget=budget, max_rounds=max_rounds, seed=seed)
+    spec = JobSpec(
+        questions, budget=budget, max_rounds=max_rounds, seed=seed, concurrency=concurrency
+    )
     job = engine.job = Job(spec, engine, last_word)
     events, _ = _run(job)
     answers = [e for e in events if isinstance(e, AnswerEvent)]
@@ -77,9 +85,25 @@ def test_a_lone_job_takes_at_most_max_rounds_waves_per_question_and_accounts_eve
     assert isinstance(done, DoneEvent) and done.spent <= budget
     assert sorted(a.index for a in answers) == list(range(num_questions))
     assert engine.stats.samples == done.spent == sum(a.samples for a in answers)
-    assert max(len(s) for s in engine.starts.values()) <= max_rounds
     assert engine.first_wave_violations == 0
     assert engine.sequences_in_flight == 0
+    if concurrency is None:
+        assert max(len(s) for s in engine.starts.values()) <= max_rounds
+    else:  # the bound first: past it, rounds are what the samples take
+        assert engine.stats.max_sequences_in_flight <= concurrency
+
+
+def test_a_job_given_a_concurrency_keeps_its_waves_within_it() -> None:
+    records = _records(64, seed=3)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    widest = {}
+    for concurrency in (None, 16):
+        engine = WaveEngine(records, capacity=1024)
+        spec = JobSpec(questions, budget=64 * 10, max_rounds=4, concurrency=concurrency)
+        events, _ = _run(Job(spec, engine, last_word))
+        assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64
+        widest[concurrency] = engine.stats.max_sequences_in_flight
+    assert widest[16] == 16 and widest[None] > 64  # unbounded: as wide as the engine has room
 
 
 def test_on_an_idle_engine_a_job_ends_in_a_few_waves_where_sample_by_sample_takes_many() -> None:
