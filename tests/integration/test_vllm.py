@@ -193,8 +193,9 @@ def test_a_question_that_settles_leaves_nothing_running(service: str, upstream: 
     (answer,) = result["answers"]
     assert answer["answer"] == "4" and answer["settled_early"]
     assert result["budget"]["spent"] < 24
-    # Whatever was still sampling when it settled was aborted: vLLM runs nothing now.
-    assert vllm_metric(upstream, RUNNING) == 0
+    # Whatever was still sampling when it settled was aborted, not run out (200 tokens, about
+    # 16 s): vLLM runs nothing once its scheduler has seen the aborts.
+    wait_until(lambda: vllm_metric(upstream, RUNNING) == 0, 3, "vLLM to abort the samples")
     assert vllm_metric(upstream, "vllm:request_success_total") - finished >= answer["samples"]
 
 
@@ -279,8 +280,9 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
 def test_the_calibrated_profile_predicts_a_jobs_wall_time_and_sc32s(
     upstream: str, calibrated: Path
 ) -> None:
-    """The replay engine on the calibration predicts the wall time of a default job and of
-    SC@32 through blendserve in front of vLLM each within 25%, their ratio within 15%.
+    """The replay engine on the calibration predicts the wall time of a job of the default
+    policy and of SC@32 through blendserve in front of vLLM, both 8 samples in flight, each
+    within 25%, their ratio within 15%.
 
     The counting prompts are shorter than a cache block, so every sample computes its
     prompt in its first step: on vLLM's CPU build about a decode step's cost a token,

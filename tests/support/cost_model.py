@@ -1,12 +1,15 @@
 """The cost model against a real engine: a job's wall time predicted and measured.
 
 Two greedy counting questions (every sample of a question the same line, so
-lengths are known) are asked as SC@32 (a question's 32 samples sent at once)
-and as a default job through a blendserve in this process in front of the
-engine, told it runs ``width`` sequences at once, each job at most ``width``
-in flight; then the replay engine on the engine's calibrated profile (the
+lengths are known) are asked as SC@32 and as a job of the default policy at
+8 samples a question, through a blendserve in this process in front of the
+engine, told it runs ``width`` sequences at once; each job keeps ``width``
+samples in flight (the default job decides sample by sample, so both run at
+one width); then the replay engine on the engine's calibrated profile (the
 SC@32 run's answers and mean length, ``width`` sequences at once) predicts
-both. Used by ``bench/bench_cost_model.py`` and the vLLM lane.
+both. In waves the default job runs narrower rounds, where a line fitted
+through the widths calibrated can miss (docs/engines.md). Used by
+``bench/bench_cost_model.py`` and the vLLM lane.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ QUESTIONS = [
 ]
 GREEDY = {"temperature": 0.0, "max_tokens": 96, "stop": ["\n"]}
 SC = {"budget_per_question": 32, "policy": "sc", "in_flight_per_question": 32}
-DEFAULT = {"budget_per_question": 8}
+DEFAULT = {"budget_per_question": 8, "max_rounds": 0, "in_flight_per_question": 32}
 
 
 @dataclass(frozen=True)
