@@ -181,6 +181,12 @@ def test_job_needs_questions() -> None:
         Job(JobSpec([], budget=1), FakeEngine({}), last_word)
 
 
+@pytest.mark.parametrize("bounds", [{"concurrency": 0}, {"max_samples_per_request": 0}])
+def test_a_job_refuses_bounds_below_one(bounds: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="must be at least 1"):
+        Job(JobSpec([Question("q", prompt="q")], budget=1, **bounds), FakeEngine({}), last_word)
+
+
 def test_truncated_samples_do_not_vote() -> None:
     # Seed 7 draws cut, cut, 7: a vote before the third cut sample, so it goes on.
     engine = FakeEngine({"q": [("cut", 0.5), ("7", 0.5)]}, seed=7)
