@@ -169,7 +169,7 @@ def test_an_engine_that_rejects_ignore_eos_is_asked_without_it() -> None:
 
 class _Stalling(Engine):
     """An engine that takes 5 ms a token, whose short requests after the warm-up stall
-    for a second the first ``stalls`` times: a busy host's noise, larger than the steps."""
+    for 1.5 s the first ``stalls`` times: a busy host's noise, larger than the steps."""
 
     name = "stalling"
 
@@ -182,7 +182,7 @@ class _Stalling(Engine):
         tokens = request.params.max_tokens or 16
         stall = self.requests > 1 and tokens == 5 and self.stalls > 0
         self.stalls -= stall
-        await asyncio.sleep(tokens * 0.005 + stall)
+        await asyncio.sleep(tokens * 0.005 + 1.5 * stall)
         return [Sample("1, 2", "length", 20, tokens, self.name)] * request.n
 
     async def health(self) -> EngineHealth:
@@ -191,19 +191,19 @@ class _Stalling(Engine):
 
 def test_a_point_lost_in_the_noise_is_measured_again_over_a_longer_span() -> None:
     lines: list[str] = []
-    grid = Grid((1, 2), (16, 32), tokens=(5, 45), reps=1)
+    grid = Grid((1, 2), (16, 32), tokens=(5, 65), reps=1)
     points = run_coroutine(measure(_Stalling(stalls=1), grid, progress=lines.append))
-    assert [p.tokens for p in points] == [(5, 85), (5, 45), (5, 45), (5, 45)]
+    assert [p.tokens for p in points] == [(5, 125), (5, 65), (5, 65), (5, 65)]
     assert points[0].ms_median == pytest.approx(5, rel=0.5)
     assert (
-        "width 1, context 16: the steps were lost in the noise; measuring again with 85 tokens"
+        "width 1, context 16: the steps were lost in the noise; measuring again with 125 tokens"
         in lines
     )
 
 
 def test_a_point_still_lost_in_the_noise_is_an_error() -> None:
-    grid = Grid((1, 2), (16, 32), tokens=(5, 45), reps=1)
-    with pytest.raises(CalibrationError, match="up to 165 tokens: the steps are lost in the noise"):
+    grid = Grid((1, 2), (16, 32), tokens=(5, 65), reps=1)
+    with pytest.raises(CalibrationError, match="up to 245 tokens: the steps are lost in the noise"):
         run_coroutine(measure(_Stalling(stalls=3), grid))
 
 
