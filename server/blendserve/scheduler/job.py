@@ -392,10 +392,17 @@ class Job:
                 # A question's next wave is planned once its last one is all back:
                 # a plan made on the part that came back first (on a real engine,
                 # the shortest samples) would stop it on too few votes.
-                if self._replan or not policy.num_pending:
+                if not (self._replan or not policy.num_pending):
+                    return
+                waves = self._dispatch_waves(self._plan, free)
+                if waves is not None:
                     self._replan = False
-                    self._send(self._dispatch_waves(self._plan, free), in_flight)
-                return
+                    self._send(waves, in_flight)
+                    return
+                # A wave over the job's concurrency: from here on the job decides sample by
+                # sample, so that every question still gets its first sample before any its
+                # second.
+                self._plan = None
         sizes: dict[int, int] = {}
         for _ in range(limit - policy.num_pending):
             chosen = policy.select(1)
@@ -404,9 +411,10 @@ class Job:
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
         self._send(sizes, in_flight)
 
-    def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int]:
+    def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int] | None:
         """The plan's next waves that fit in ``free`` sequences (the engine's, within the
-        job's ``concurrency``); the rest waits for room.
+        job's ``concurrency``); the rest waits for room. None: the first wave is over the
+        job's concurrency with nothing in flight, so no wave can go.
 
         A question planned none has passed a round too: it catches up with the
         question furthest on, so that waves planned for it later still end
@@ -421,7 +429,7 @@ class Job:
                 if sizes or policy.num_pending:
                     break  # the rest waits for room (the engine would queue it)
                 if self.spec.concurrency is not None:
-                    k = free  # the job's bound: the wave goes in part, the rest is planned again
+                    return None
             sent = policy.assign(q, k)
             if sent:
                 sizes[q] = sent
