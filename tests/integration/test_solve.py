@@ -191,7 +191,7 @@ def test_on_an_engine_with_room_a_job_sends_at_most_max_rounds_waves_a_question(
     requests = {}
     for rounds in (2, 0):
         engine = ReplayEngine(RECORDS, seed=5, latency=LatencyModel(max_concurrent_sequences=512))
-        with serve_engine(engine) as live:
+        with serve_engine(engine, default_concurrency=None) as live:  # no bound on waves
             response = _solve(live.url, budget=45, max_rounds=rounds)
         assert response.status_code == 200, response.text
         body = response.json()
