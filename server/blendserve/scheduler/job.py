@@ -392,7 +392,7 @@ class Job:
                 # A question's next wave is planned once its last one is all back:
                 # a plan made on the part that came back first (on a real engine,
                 # the shortest samples) would stop it on too few votes.
-                if not (self._replan or not policy.num_pending):
+                if policy.num_pending and not self._replan:
                     return
                 waves = self._dispatch_waves(self._plan, free)
                 if waves is not None:
