@@ -33,6 +33,8 @@ QUESTIONS = [
 ANSWERS = ("7", "7", "7", "8", "9")
 # The job default: how long transient failures may last before a job gives up.
 FAILURE_TIMEOUT_S = 5.0
+# Samples a job keeps in flight in the test of upstreams killed mid-job.
+CONCURRENCY = 4
 
 
 @pytest.fixture
@@ -145,7 +147,7 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
         "answer": {"kind": "number"},
         "stream": stream,
     }
-    with serve_engine(engine, default_concurrency=4) as live:
+    with serve_engine(engine, default_concurrency=CONCURRENCY) as live:
 
         def solve() -> tuple[float, dict[str, Any]]:
             if not stream:
@@ -182,8 +184,11 @@ def test_every_upstream_killed_mid_job_ends_it_failed_with_partial_answers(strea
     assert all(a["answer"] in ANSWERS and a["samples"] > 0 for a in answers)
     counted = sum(a["samples"] for a in answers)
     assert counted == result["usage"]["samples"] == result["budget"]["spent"]
-    assert counted == sum(u.state.samples_served for u in upstreams)
-    assert accounting.total("completed") == counted
+    served = sum(u.state.samples_served for u in upstreams)
+    assert accounting.total("completed") == served
+    # A sample that comes back in the moment its request is cut (its question settled,
+    # or the job gave up) is refunded, not counted: at most the job's samples in flight.
+    assert counted <= served <= counted + CONCURRENCY
     assert health["upstreams"] == {u.url: False for u in upstreams}
     for upstream in upstreams:
         gauge = metrics.UPSTREAM_HEALTHY.labels(engine.urls[upstreams.index(upstream)])

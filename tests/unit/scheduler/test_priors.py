@@ -76,17 +76,27 @@ def test_a_decision_never_waits_for_a_programme_and_has_it_built_meanwhile() -> 
     rule = StoppingRule("asc", 64, max_rounds=4, prior=prior)
 
     state = (5, 3, 2, 8)
+    need = prior.need(_PRICE, 3)
+    release = threading.Event()
+    build = vote_prior.Need.build
+
+    def held(self: vote_prior.Need) -> None:
+        if self == need:  # the client's own programme waits until it has been looked for
+            release.wait(30)
+        build(self)
 
     async def decide() -> tuple[int, bool, StoppingRule]:
         early = await ready_rule(rule, _PRICE, 1)
         assert isinstance(early.prior, ReadyPrior)
         wave, built = early.wave_size(*state, _PRICE, 1), prior.programme_built
+        release.set()
         # The background build of its programme, awaited here as the same build.
-        need = prior.need(_PRICE, 3)
         await Builds.here().run(need, need.build)
         return wave, built, await ready_rule(rule, _PRICE, 1)
 
-    early, built_then, later = run_coroutine(decide())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vote_prior.Need, "build", held)
+        early, built_then, later = run_coroutine(decide())
     assert not built_then and prior.programme_built
     # Meanwhile a new stream's programme decided; then the client's own, as the rule does.
     fresh = StoppingRule("asc", 64, max_rounds=4, prior=VotePrior())
