@@ -32,7 +32,8 @@ def test_a_plain_number_keys_as_sympy_keys_it(value: Decimal, form: str) -> None
 
 
 @pytest.mark.parametrize(
-    "text", ["144", "144.0", ".5", "5.", "-0", "007", "1,000", "12,345.25", "-3.14159"]
+    "text",
+    ["144", "144.0", ".5", "5.", "-0", "007", "1,000", "12,345.25", "-3.14159", "90114.0549"],
 )
 def test_common_forms_key_as_sympy_keys_them(text: str) -> None:
     assert plain_number_key(clean_math(text)) == _sympy_path(text)

@@ -161,12 +161,18 @@ def _imaginary(expr: Any) -> Any:
     return expr.subs({s: sympy.I for s in unit}) if unit else expr
 
 
+def _exact(expr: Any) -> Any:
+    """``expr`` with each float the decimal it reads as (``nsimplify`` may give a float's
+    binary value instead: 90114.0549 became a fraction of hundreds of digits)."""
+    import sympy
+
+    return expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
+
+
 def _canon_expr(expr: Any) -> str:
     import sympy
 
-    expr = _imaginary(expr)
-    if expr.has(sympy.Float):
-        expr = sympy.nsimplify(expr, rational=True)
+    expr = _exact(_imaginary(expr))
     expr = expr.doit()
     symbols = expr.free_symbols
     if not symbols:
@@ -187,7 +193,7 @@ def _canon_equation(lhs: Any, rhs: Any, named: bool) -> str:
         lhs, rhs = rhs, lhs
     if isinstance(lhs, sympy.Symbol) and lhs not in getattr(rhs, "free_symbols", ()):
         return f"{lhs.name}={_canon(rhs)}" if named else _canon(rhs)
-    difference = sympy.together(_imaginary(sympy.nsimplify(lhs - rhs, rational=True)))
+    difference = sympy.together(_imaginary(_exact(lhs - rhs)))
     numerator = sympy.numer(difference)
     symbols = sorted(numerator.free_symbols, key=lambda s: s.name)
     if symbols and numerator.is_polynomial(*symbols):
