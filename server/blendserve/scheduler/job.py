@@ -137,8 +137,9 @@ class Job:
     ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
-        bound = 1 if spec.concurrency is None else spec.concurrency
-        if min(bound, spec.max_samples_per_request) < 1:
+        if (spec.concurrency is not None and spec.concurrency < 1) or (
+            spec.max_samples_per_request < 1
+        ):
             raise ValueError("concurrency and max_samples_per_request must be at least 1")
         if not spec.in_flight_per_question > 0:
             raise ValueError(

@@ -114,7 +114,9 @@ class SolveRequest(RequestModel):
     sampling: SamplingIn = Field(default_factory=SamplingIn)
     model: str | None = None
     settle_delta: float = Field(0.0, ge=0, lt=1, description="0: pure Blend-ASC")
-    concurrency: int | None = Field(None, ge=1, le=4096, description="most samples in flight")
+    concurrency: int | None = Field(
+        None, ge=1, le=4096, description="most samples in flight, waves included"
+    )
     in_flight_per_question: float | None = Field(
         None,
         gt=0,
