@@ -45,6 +45,7 @@ __all__ = [
     "Need",
     "ReadyPrior",
     "VotePrior",
+    "fit_shares",
     "start_log_price",
     "start_log_price_known",
 ]
@@ -86,6 +87,25 @@ _CLOCK = itertools.count()
 def _bucket(log_price: float) -> int:
     """The price bucket whose tables decide at ``log_price``."""
     return round(log_price / _STEP)
+
+
+def fit_shares(votes: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Grid weights of the leader's share among the top two, fitted by EM to
+    ``votes[i] = (n1, n2)``, the top-two votes of each question seen."""
+    a, b = votes[:, :1], votes[:, 1:]
+    log_x, log_y = np.log(SHARES)[None], np.log1p(-SHARES)[None]
+    # Scaled per question (a common factor of both terms): the EM step is unchanged
+    # and no row underflows, however many votes a question holds.
+    first, second = a * log_x + b * log_y, b * log_x + a * log_y
+    top = np.maximum(first.max(axis=1, keepdims=True), second.max(axis=1, keepdims=True))
+    likelihood = np.exp(first - top) + np.exp(second - top)
+    weights = np.full(len(SHARES), 1.0 / len(SHARES))
+    for _ in range(_EM_ITERATIONS):
+        joint = likelihood * weights
+        joint /= joint.sum(axis=1, keepdims=True)
+        weights = joint.mean(axis=0) + _EM_FLOOR
+        weights /= weights.sum()
+    return weights
 
 
 @lru_cache(maxsize=len(_SIZES))
@@ -390,17 +410,7 @@ class VotePrior:
         self._since_fit = 0
         if not self._observed:
             return
-        votes = np.asarray(self._observed, dtype=np.float64)
-        a, b = votes[:, :1], votes[:, 1:]
-        log_x, log_y = np.log(SHARES)[None], np.log1p(-SHARES)[None]
-        likelihood = np.exp(a * log_x + b * log_y) + np.exp(b * log_x + a * log_y)
-        weights = np.full(len(SHARES), 1.0 / len(SHARES))
-        for _ in range(_EM_ITERATIONS):
-            joint = likelihood * weights
-            joint /= joint.sum(axis=1, keepdims=True)
-            weights = joint.mean(axis=0) + _EM_FLOOR
-            weights /= weights.sum()
-        self.weights = weights
+        self.weights = fit_shares(np.asarray(self._observed, dtype=np.float64))
         key = self._name()
         if key != self._key:
             self._previous, self._key = self._key, key

@@ -30,15 +30,39 @@ def test_floor_share_ramps_from_peaked_to_flat() -> None:
     assert cap_multiple(0.1) == pytest.approx(25.0) and cap_multiple(1.0) == 2.5
 
 
-def test_a_peaked_batch_gets_no_floor_and_a_flat_one_half_its_budget() -> None:
-    peaked = HedgePolicy(4, 4 * 20)
+@pytest.mark.parametrize("rank", ["value", "asc"])
+def test_a_peaked_batch_gets_no_floor_and_a_flat_one_half_its_budget(rank: str) -> None:
+    peaked = HedgePolicy(4, 4 * 20, rank=rank)
     _run(peaked, [["a"]] * 4)
-    assert peaked.disagreement == 0.0 and peaked.floor == 2 and peaked.cap is None
-    flat = HedgePolicy(4, 4 * 20, stop=0)
+    assert peaked.disagreement == 0.0 and peaked.floor == peaked.wave_floor == 2
+    assert peaked.cap is None
+    flat = HedgePolicy(4, 4 * 20, stop=0, rank=rank)
     _run(flat, [["a", "b", "c"]] * 4)
-    assert flat.disagreement == 1.0 and flat.floor == 10
+    assert flat.disagreement == 1.0 and flat.wave_floor == 10
+    # Ranked by the value of a vote, a flat batch needs no floor sample by sample.
+    assert flat.floor == (2 if rank == "value" else 10)
     assert flat.cap == 2.5
     assert flat.num_dispatched == 80  # a flat batch spends its whole budget
+
+
+def test_ranked_by_value_a_contested_question_goes_before_one_that_looks_sure() -> None:
+    policy = HedgePolicy(3, 3 * 40, stop=0)
+    # 0 is tied at 2 votes to 2, 1 leads 3 to 1, 2 is unanimous at 4: by the value
+    # of a sample, 0 first, then 1.
+    votes = [["a", "b", "a", "b"], ["a", "a", "b", "a"], ["a", "a", "a", "a"]]
+    for q, answers in enumerate(votes):
+        policy.assign(q, len(answers))
+        for answer in answers:
+            policy.observe(q, answer)
+    assert policy.select(2) == [0, 1]
+    assert policy.select(1) == [2]
+
+
+def test_a_fixed_floor_holds_for_the_ranking_by_value_too() -> None:
+    policy = HedgePolicy(2, 40, floor=0.5, stop=0, rank="value")
+    _run(policy, [["a", "b"], ["c"]])
+    assert policy.floor == policy.wave_floor == 10
+    assert policy.num_assigned[1] >= 10
 
 
 def test_a_question_below_the_floor_goes_first() -> None:
@@ -68,8 +92,10 @@ def test_a_probe_larger_than_the_budget_shrinks() -> None:
     assert policy.num_dispatched == 5
 
 
-@pytest.mark.parametrize("bad", [{"probe": 0}, {"floor": 1.5}, {"stop": 0.5}, {"stop": -1.0}])
-def test_bad_options_are_refused(bad: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    "bad", [{"probe": 0}, {"floor": 1.5}, {"stop": 0.5}, {"stop": -1.0}, {"rank": "ppr"}]
+)
+def test_bad_options_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         HedgePolicy(2, 8, **bad)  # type: ignore[arg-type]
 
@@ -77,6 +103,11 @@ def test_bad_options_are_refused(bad: dict[str, float]) -> None:
 def test_hedge_options_apply_to_hedge_only() -> None:
     with pytest.raises(ValueError, match="floor applies to hedge only"):
         PolicySpec.parse("asc:floor=0.5")
+    with pytest.raises(ValueError, match="rank applies to hedge only"):
+        PolicySpec.parse("asc:rank=value")
+    with pytest.raises(ValueError, match="bad value 'ppr' for rank"):
+        PolicySpec.parse("hedge:rank=ppr")
+    assert PolicySpec.parse("hedge:rank=asc").options == {"rank": "asc"}
 
 
 def test_flatness_starts_cautious_and_learns() -> None:

@@ -1,4 +1,5 @@
-"""The service's default batch policy: ASC's ranking over a uniform floor learned from the batch.
+"""The service's default batch policy: the value of a vote learned from the batch, or ASC's
+ranking over a uniform floor learned from it.
 
 ASC (and PPR-1v1) rank a question whose first two or three samples agree by
 chance as sure, and starve it; on flat answer distributions (many near-tied
@@ -9,7 +10,14 @@ and the share of questions whose probe samples disagree sets a *floor*, the
 samples every question gets, uniformly, before ASC's ranking takes the rest
 of the budget. A peaked batch gets no floor (pure ASC, the best fixed policy
 on peaked data); a flat one gets up to half its budget as a floor, and comes
-close to uniform sampling, which is what wins there.
+close to uniform sampling, which is what wins there. Waves
+(:meth:`HedgePolicy.plan_waves`) are planned that way.
+
+Sample by sample the default (``rank="value"``) needs no floor: it ranks by
+the value of a sample under how contested the batch's own questions are
+(:class:`~blendserve.core.vote_value.VoteValue`), which on a flat batch keeps
+sampling questions whose first votes agree by luck, as the floor did, and
+spends less on near-ties that a few votes will not break.
 
 A budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most
 ``stop``, whatever budget is left.
@@ -21,18 +29,25 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
+import numpy as np
+
 from blendserve.core.flatness import PROBE, cap_multiple, floor_share
 from blendserve.core.policies.priority import PriorityPolicy
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.uncertainty import asc_log_uncertainty
+from blendserve.core.vote_value import VoteValue
 from blendserve.core.waves import WavePlan
 
-__all__ = ["DEFAULT_STOP", "HedgePolicy"]
+__all__ = ["DEFAULT_STOP", "RANKS", "HedgePolicy"]
+
+#: How questions are ranked sample by sample: by the learned value of a vote, or by ASC's
+#: ``P[p1 < p2]`` over the floor.
+RANKS = ("value", "asc")
 
 #: ASC ``P[p1 < p2]`` at which a question stops (its answer is settled).
 DEFAULT_STOP = 1e-3
 
-# Priorities below this are the floor's (least-sampled first); above, ASC's.
+# Priorities below this are the floor's (least-sampled first); above, the ranking's.
 _FLOOR_PRIORITY = -1e12
 
 
@@ -43,10 +58,13 @@ class HedgePolicy(PriorityPolicy):
         num_questions: questions in the job.
         budget: total samples.
         probe: samples every question gets first; their disagreement sets the floor.
-        floor: a fixed floor share of the mean budget (None: learned from the probe).
+        floor: a fixed floor share of the mean budget (None: learned from the probe
+            for waves, and for the ranking with ``rank="asc"``).
         stop: ASC ``P[p1 < p2]`` at which a question stops (0: never).
         cap: skip questions holding more than ``cap`` times the mean samples
             (``"auto"``: from the probe, see :func:`~blendserve.core.flatness.cap_multiple`).
+        rank: sample by sample, rank by the learned value of a vote (``"value"``) or
+            by ASC over the floor (``"asc"``).
         **kwargs: as for :class:`AllocationPolicy`.
     """
 
@@ -64,6 +82,7 @@ class HedgePolicy(PriorityPolicy):
         floor: float | None = None,
         stop: float = DEFAULT_STOP,
         cap: float | Literal["auto"] | None = "auto",
+        rank: str = "value",
         **kwargs: object,
     ) -> None:
         if probe < 1:
@@ -72,9 +91,15 @@ class HedgePolicy(PriorityPolicy):
             raise ValueError(f"floor must be in [0, 1], got {floor}")
         if not 0.0 <= stop < 0.5:
             raise ValueError(f"stop must be in [0, 0.5), got {stop}")
+        if rank not in RANKS:
+            raise ValueError(f"rank must be one of {', '.join(RANKS)}, got {rank!r}")
+        self._rank = rank
+        # Ranks by the value of a vote once the probe is back.
+        self._value: VoteValue | None = None
         self.probe = min(probe, budget // max(1, num_questions))
         self._fixed_floor = floor
         self._floor = self.probe  # samples every question gets before ranking
+        self._wave_floor = self.probe  # samples every question gets before a wave's plan
         self._log_stop = math.log(stop) if stop > 0 else -math.inf
         self._num_probed = 0
         self._num_flat = 0
@@ -88,14 +113,23 @@ class HedgePolicy(PriorityPolicy):
         """Samples every question gets before the ranking decides (while probing: the probe)."""
         return self._floor
 
+    @property
+    def wave_floor(self) -> int:
+        """Samples every question gets before a wave's plan decides (while probing: the probe)."""
+        return self._wave_floor
+
     def priority(self, q: int) -> float:
-        """The least-sampled first below the floor; then minus the log ASC uncertainty."""
+        """The least-sampled first below the floor; then minus the value of a sample (a
+        vote's, times the chance that a sample votes for the top two), or minus the log
+        ASC uncertainty."""
         assigned = self.num_assigned[q]
         if assigned < self._floor:
             # Among equals, the question whose samples are back goes first.
             pending = self.num_pending_of[q]
             return _FLOOR_PRIORITY + assigned + (0.5 * pending / assigned if pending else 0.0)
         n1, n2, _ = self.rank_state(q)
+        if self._value is not None:
+            return -self._value.value(n1, n2) * (n1 + n2 + 1) / (assigned + 2)
         return -asc_log_uncertainty(n1, n2)
 
     def lone_runway(self) -> int:
@@ -161,7 +195,7 @@ class HedgePolicy(PriorityPolicy):
                 max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
                 for q in open_questions
             ],
-            [max(0, self._floor - observed[q]) for q in open_questions],
+            [max(0, self._wave_floor - observed[q]) for q in open_questions],
             self.num_remaining,
             self._log_stop,
         )
@@ -185,11 +219,30 @@ class HedgePolicy(PriorityPolicy):
                 self._set_floor(self._num_flat / self.num_questions)
         if votes.n1[q] > 0 and asc_log_uncertainty(votes.n1[q], votes.n2[q]) <= self._log_stop:
             self._finish(q)
+        if self._value is not None and self._value.due():
+            self._refit()
+
+    def _refit(self) -> None:
+        """Refits the value of a vote to every question's votes; re-ranks if it changed."""
+        assert self._value is not None
+        if self._value.fit(self._top_two_votes()):
+            for q in range(self.num_questions):
+                self._on_rank_change(q)
+
+    def _top_two_votes(self) -> np.ndarray:
+        """``(n1, n2)`` of every question, a row each."""
+        return np.column_stack((self.votes.n1, self.votes.n2)).astype(np.float64)
 
     def _set_floor(self, disagreement: float) -> None:
         self.disagreement = disagreement
+        mean = self.budget / self.num_questions
         share = self._fixed_floor if self._fixed_floor is not None else floor_share(disagreement)
-        self._floor = max(self.probe, math.floor(share * self.budget / self.num_questions))
+        self._wave_floor = max(self.probe, math.floor(share * mean))
+        if self._rank == "value":
+            share = self._fixed_floor or 0.0
+            self._value = VoteValue(refit_every=max(64, self.num_questions))
+            self._value.fit(self._top_two_votes())
+        self._floor = max(self.probe, math.floor(share * mean))
         if self._auto_cap:
             self.cap = cap_multiple(disagreement)
         for q in range(self.num_questions):

@@ -9,7 +9,7 @@ from typing import Any
 from blendserve.core.options import Option, parse_spec, spec_pattern
 from blendserve.core.policies.base import AllocationPolicy
 from blendserve.core.policies.blend import BlendPolicy
-from blendserve.core.policies.hedge import HedgePolicy
+from blendserve.core.policies.hedge import RANKS, HedgePolicy
 from blendserve.core.policies.priority import (
     ASCPolicy,
     ESCPolicy,
@@ -35,6 +35,12 @@ def _or_none(text: str) -> float | None:
     return None if text.lower() == "none" else float(text)
 
 
+def _rank(text: str) -> str:
+    if text not in RANKS:
+        raise ValueError(f"rank must be one of {', '.join(RANKS)}")
+    return text
+
+
 # "none" turns the cap (or the floor) off.
 _OPTIONS: dict[str, Option] = {
     "cap": Option(_or_none, rf"({_NUMBER}|none)"),
@@ -43,9 +49,10 @@ _OPTIONS: dict[str, Option] = {
     "probe": Option(int, "[0-9]+"),
     "floor": Option(_or_none, r"([01](\.[0-9]+)?|none)"),
     "stop": Option(float, _SHARE),
+    "rank": Option(_rank, f"({'|'.join(RANKS)})"),
 }
 # option -> the one policy that takes it
-_ONLY = {"window": "esc", "probe": "hedge", "floor": "hedge", "stop": "hedge"}
+_ONLY = {"window": "esc", "probe": "hedge", "floor": "hedge", "stop": "hedge", "rank": "hedge"}
 
 
 @dataclass(frozen=True)
