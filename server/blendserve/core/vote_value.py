@@ -31,35 +31,52 @@ __all__ = ["LOOK_AHEAD", "VoteValue"]
 LOOK_AHEAD = 8
 # Grid weights are rounded to this many decimals to name a prior (values are memoised per name).
 _DECIMALS = 3
+# Values of states with fewer top-two votes than this each are tabled at each fit.
+_TABLED = 128
 _LOG_X = np.log(SHARES)
 _LOG_Y = np.log1p(-SHARES)
-_J = np.arange(LOOK_AHEAD + 1, dtype=np.float64)
-# _COMB[w, j]: ways to place j of w votes on the leader (0 past w).
-_COMB = special.comb(_J[:, None], _J[None, :])
+# _COMB[w, j]: ways to place j of w votes on the leader.
+_COMB = special.comb(np.arange(LOOK_AHEAD + 1)[:, None], np.arange(LOOK_AHEAD + 1)[None, :])
 
 
-@lru_cache(maxsize=1 << 16)
-def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
-    """The best per-vote fall, over 1 to LOOK_AHEAD more top-two votes, in the chance
-    that the leader of ``(n1, n2)`` is not the mode, under the grid ``weights``."""
+def _values(weights: tuple[float, ...], n1: int, n2: int, size: int) -> NDArray[np.float64]:
+    """``values[i, j]``: the best per-vote fall, over 1 to LOOK_AHEAD more top-two votes,
+    in the chance that the leader of ``(n1 + i, n2 + j)`` is not the mode, under the grid
+    ``weights``."""
     log_w = np.log(np.asarray(weights))
-    # terms[j, m, k]: j more votes for the leader and m for the runner-up, share
-    # SHARES[k]; the leader is the mode (first) or the runner-up is (second).
-    a = (n1 + _J)[:, None, None]
-    b = (n2 + _J)[None, :, None]
+    a = (n1 + np.arange(size + LOOK_AHEAD, dtype=np.float64))[:, None, None]
+    b = (n2 + np.arange(size + LOOK_AHEAD, dtype=np.float64))[None, :, None]
+    # Log chances of the votes (a, b) at each share, the leader (first) or the
+    # runner-up (second) being the mode; one scale for all, so none is normalised.
     first = log_w + a * _LOG_X + b * _LOG_Y
     second = log_w + b * _LOG_X + a * _LOG_Y
     top = max(float(first.max()), float(second.max()))
     leader, runner_up = np.exp(first - top).sum(axis=2), np.exp(second - top).sum(axis=2)
-    # Unnormalised chances of a vote sequence and mode: the smaller is the error after it.
-    error = np.minimum(leader, runner_up)
-    total = float(leader[0, 0] + runner_up[0, 0])
-    best = 0.0
+    error = np.minimum(leader, runner_up)  # the error after the votes, times their chance
+    now = error[:size, :size]
+    total = leader[:size, :size] + runner_up[:size, :size]
+    best = np.zeros((size, size))
     for w in range(1, LOOK_AHEAD + 1):
-        j = np.arange(w + 1)
-        expected = float((_COMB[w, : w + 1] * error[j, w - j]).sum())
-        best = max(best, (error[0, 0] - expected) / (w * total))
-    return best
+        expected = sum(
+            _COMB[w, j] * error[j : j + size, w - j : w - j + size] for j in range(w + 1)
+        )
+        best = np.maximum(best, (now - expected) / w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nan_to_num(best / total)
+
+
+@lru_cache(maxsize=4)
+def _table(weights: tuple[float, ...]) -> NDArray[np.float64]:
+    """The values of every state with fewer than ``_TABLED`` votes each."""
+    table = _values(weights, 0, 0, _TABLED)
+    table.flags.writeable = False
+    return table
+
+
+@lru_cache(maxsize=1 << 12)
+def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
+    """The value of one state past the table."""
+    return float(_values(weights, n1, n2, 1)[0, 0])
 
 
 class VoteValue:
@@ -75,6 +92,7 @@ class VoteValue:
         self.refit_every = refit_every
         self._since_fit = 0
         self._name = _named(np.full(len(SHARES), 1.0 / len(SHARES)))
+        self._table = _table(self._name)
 
     @property
     def weights(self) -> tuple[float, ...]:
@@ -94,11 +112,14 @@ class VoteValue:
             return False
         name = _named(fit_shares(votes))
         changed, self._name = name != self._name, name
+        self._table = _table(name)
         return changed
 
     def value(self, n1: int, n2: int) -> float:
         """How much one more top-two vote lowers, at best, the chance that the leader is
         wrong (per vote, over 1 to :data:`LOOK_AHEAD` votes): larger is sampled first."""
+        if n1 < _TABLED and n2 < _TABLED:
+            return float(self._table[n1, n2])
         return _value(self._name, n1, n2)
 
 

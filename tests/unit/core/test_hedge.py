@@ -148,3 +148,15 @@ def test_a_flat_stream_lowers_its_cap_and_a_peaked_one_keeps_it() -> None:
     assert flat.cap(16.0) == pytest.approx(2.5 / flat.disagreement)
     assert flat.cap(16.0) < 3.0
     assert peaked.cap(16.0) == 16.0
+
+
+def test_ranked_by_value_a_long_near_tie_comes_after_questions_worth_a_vote() -> None:
+    policy = HedgePolicy(3, 3 * 400, stop=0)
+    # 0 leads 100 to 90 and 2 leads 120 to 100 (a few more votes cannot turn either:
+    # no value within the look-ahead), 1 leads 3 to 1: ASC orders the long ones.
+    counts = [(100, 90), (3, 1), (120, 100)]
+    for q, (n1, n2) in enumerate(counts):
+        policy.assign(q, n1 + n2)
+        for answer in ["a"] * n1 + ["b"] * n2:
+            policy.observe(q, answer)
+    assert policy.select(3) == [1, 0, 2]

@@ -120,16 +120,18 @@ class HedgePolicy(PriorityPolicy):
 
     def priority(self, q: int) -> float:
         """The least-sampled first below the floor; then minus the value of a sample (a
-        vote's, times the chance that a sample votes for the top two), or minus the log
-        ASC uncertainty."""
+        vote's, times the chance that a sample votes for the top two), else minus the
+        log ASC uncertainty."""
         assigned = self.num_assigned[q]
         if assigned < self._floor:
             # Among equals, the question whose samples are back goes first.
             pending = self.num_pending_of[q]
             return _FLOOR_PRIORITY + assigned + (0.5 * pending / assigned if pending else 0.0)
         n1, n2, _ = self.rank_state(q)
-        if self._value is not None:
-            return -self._value.value(n1, n2) * (n1 + n2 + 1) / (assigned + 2)
+        if self._value is not None and (value := self._value.value(n1, n2)) > 0:
+            return -value * (n1 + n2 + 1) / (assigned + 2)
+        # No value within the look-ahead (a long near-tie): after every question with one,
+        # by ASC (a log uncertainty is below log 1/2).
         return -asc_log_uncertainty(n1, n2)
 
     def lone_runway(self) -> int:
