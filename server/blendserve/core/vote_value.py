@@ -62,7 +62,7 @@ def _values(weights: tuple[float, ...], n1: int, n2: int, size: int) -> NDArray[
         )
         best = np.maximum(best, (now - expected) / w)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nan_to_num(best / total)
+        return np.asarray(np.nan_to_num(best / total), np.float64)
 
 
 @lru_cache(maxsize=4)
