@@ -1,12 +1,14 @@
 """Reproduces the sample-efficiency table on recorded data and synthetic families, and times it.
 
 Usage: python bench/paper_table.py [DATA_DIR] [--reps 10] [--targets 32,64] [--synthetic d1,flat]
+    [--methods sc,default]
 
 DATA_DIR holds the recorded JSONL files (the project's shared benchmark data,
 kept outside this repository for licensing). Prints a Markdown table of mean
 samples per question (and improvement ratio) needed to match SC@x, the
 default's ratio as a share of the best fixed policy's (every method but the
-default, the oracle and plain SC), and the wall time of each set's table.
+default, the oracle and plain SC; "-" when ``--methods`` leaves them out),
+and the wall time of each set's table.
 """
 
 from __future__ import annotations
@@ -37,29 +39,32 @@ def main() -> None:
     parser.add_argument("--targets", default="32,64")
     parser.add_argument("--files", default=",".join(FILES), help="recorded files ('' for none)")
     parser.add_argument("--synthetic", default="", help="synthetic families, 1,000 questions each")
+    parser.add_argument("--methods", default=",".join(METHODS), help="columns (SC's bar always)")
     args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
     targets = [int(t) for t in args.targets.split(",")]
     jobs = min(args.reps, os.cpu_count() or 1)
-    header = "| data | SC@x | SC error | " + " | ".join(METHODS) + " | of best | wall s |"
+    header = "| data | SC@x | SC error | " + " | ".join(methods) + " | of best | wall s |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     datasets = [load_jsonl(args.data_dir / name) for name in args.files.split(",") if name]
     families = [synthetic(family, 1000, seed=0) for family in args.synthetic.split(",") if family]
     for dataset in datasets + families:
         start = time.perf_counter()
-        rows = sample_efficiency(dataset, targets, METHODS, reps=args.reps, jobs=jobs)
+        rows = sample_efficiency(dataset, targets, methods, reps=args.reps, jobs=jobs)
         wall = time.perf_counter() - start
         for row in rows:
             cells = []
-            for label in METHODS:
+            for label in methods:
                 r = row.methods[label]
                 cells.append(f"{r.samples:.1f} ({r.ratio:.1f}x)" + ("" if r.reached else " n/r"))
-            best = max(r.ratio for k, r in row.methods.items() if k not in _NOT_COMPARED)
-            share = row.methods["default"].ratio / best
+            compared = [r.ratio for k, r in row.methods.items() if k not in _NOT_COMPARED]
+            default = row.methods.get("default")
+            share = f"{default.ratio / max(compared):.0%}" if compared and default else "-"
             print(
                 f"| {_name(dataset)} | {row.target} | {row.sc_error:.4f} | "
                 + " | ".join(cells)
-                + f" | {share:.0%} | {wall:.0f} |",
+                + f" | {share} | {wall:.0f} |",
                 flush=True,
             )
 

@@ -17,6 +17,7 @@ Pure; memoised per fitted prior.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -73,6 +74,36 @@ def _table(weights: tuple[float, ...]) -> NDArray[np.float64]:
     return table
 
 
+# A row's later samples are worth this much less in log space than equal earlier ones.
+_TIE = 1e-9
+# Rows of expected errors are computed this many votes long at least (and in multiples of it).
+_ROW_STEP = 16
+
+
+@lru_cache(maxsize=1 << 12)
+def _expected_errors(
+    weights: tuple[float, ...], n1: int, n2: int, votes: int
+) -> NDArray[np.float64]:
+    """``errors[j]``: the chance that the leader of ``(n1, n2)`` is not the mode after
+    ``j`` more top-two votes (the posterior's expectation), for ``j < votes``."""
+    log_w = np.log(np.asarray(weights))
+    a = (n1 + np.arange(votes, dtype=np.float64))[:, None, None]
+    b = (n2 + np.arange(votes, dtype=np.float64))[None, :, None]
+    first = special.logsumexp(log_w + a * _LOG_X + b * _LOG_Y, axis=2)
+    second = special.logsumexp(log_w + b * _LOG_X + a * _LOG_Y, axis=2)
+    log_error = np.minimum(first, second)
+    # errors[j] sums, over i of the j votes for the leader, C(j, i) times the error at
+    # (n1 + i, n2 + j - i) times its chance, relative to the chance of (n1, n2).
+    j = np.arange(votes)[:, None]
+    i = np.arange(votes)[None, :]
+    valid = i <= j
+    log_comb = special.gammaln(j + 1.0) - special.gammaln(i + 1.0) - special.gammaln(j - i + 1.0)
+    terms = np.where(valid, log_comb + log_error[i, np.where(valid, j - i, 0)], -np.inf)
+    errors = np.exp(special.logsumexp(terms, axis=1) - np.logaddexp(first[0, 0], second[0, 0]))
+    errors.flags.writeable = False
+    return np.asarray(errors, np.float64)
+
+
 @lru_cache(maxsize=1 << 12)
 def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
     """The value of one state past the table."""
@@ -121,6 +152,35 @@ class VoteValue:
         if n1 < _TABLED and n2 < _TABLED:
             return float(self._table[n1, n2])
         return _value(self._name, n1, n2)
+
+    def log_gains(self, n1: int, n2: int, share: float, samples: int) -> NDArray[np.float64]:
+        """``gains[s]``: the log of what the ``s``-th further sample is expected to lower the
+        chance that the leader is wrong, for ``s < samples``: the best per-vote fall over 1
+        to :data:`LOOK_AHEAD` votes after the votes before it, a sample voting for the top
+        two at ``share``. Non-increasing: the rows a wave plan allocates a budget over."""
+        votes = math.ceil(samples * share) + LOOK_AHEAD + 1
+        votes = -(-votes // _ROW_STEP) * _ROW_STEP
+        errors = _expected_errors(self._name, n1, n2, votes)
+        falls = np.zeros(votes - LOOK_AHEAD)
+        for w in range(1, LOOK_AHEAD + 1):
+            falls = np.maximum(
+                falls, (errors[: votes - LOOK_AHEAD] - errors[w : votes - LOOK_AHEAD + w]) / w
+            )
+        before = np.floor(np.arange(samples) * share).astype(np.int64)
+        with np.errstate(divide="ignore"):
+            gains = np.log(share * falls[before])
+        # Samples that share a vote's gain are told apart, the earlier first: a plan's
+        # threshold then falls between them, not on all of them.
+        return np.minimum.accumulate(gains) - _TIE * np.arange(samples)
+
+    def unanimous(self, n1: int, n2: int, share: float, log_tau: float, limit: int) -> int:
+        """Further samples, all for the leader, after which a sample is worth at most
+        ``log_tau`` (at most ``limit``)."""
+        for m in range(limit):
+            worth = share * self.value(n1 + m, n2)
+            if worth <= 0 or math.log(worth) <= log_tau:
+                return m
+        return limit
 
 
 def _named(weights: NDArray[np.float64]) -> tuple[float, ...]:

@@ -36,7 +36,13 @@ from scipy import special
 
 from blendserve.core.flatness import PROBE
 
-__all__ = ["DEFAULT_MAX_ROUNDS", "WavePlan", "expected_log_uncertainty"]
+__all__ = [
+    "DEFAULT_MAX_ROUNDS",
+    "WavePlan",
+    "expected_log_uncertainty",
+    "expected_need",
+    "unanimous_need",
+]
 
 #: Rounds (engine requests one after another) a question gets at most, by default.
 DEFAULT_MAX_ROUNDS = 4
@@ -67,13 +73,20 @@ def expected_log_uncertainty(n1: int, n2: int, num_samples: int, further: int) -
     return float(_row(n1, n2, num_samples, further + 1)[further])
 
 
+def expected_need(n1: int, n2: int, num_samples: int, log_tau: float, limit: int) -> int:
+    """Further samples after which ASC's uncertainty is expected at most ``log_tau`` (at most
+    ``limit``)."""
+    return _need(_row(n1, n2, num_samples, max(1, min(limit, _MAX_ROW))), log_tau)
+
+
 def _need(row: NDArray[np.float64], log_tau: float) -> int:
     """Further samples after which the expected uncertainty is at most ``log_tau``."""
     return int(np.count_nonzero(row > log_tau))
 
 
-def _optimistic(n1: int, n2: int, log_tau: float, limit: int) -> int:
-    """Further samples after which the question *could* be at ``log_tau`` (all for the leader)."""
+def unanimous_need(n1: int, n2: int, log_tau: float, limit: int) -> int:
+    """Further samples after which the question *could* be at ``log_tau`` (all for the
+    leader; at most ``limit``)."""
     j = np.arange(limit, dtype=np.float64)
     with np.errstate(divide="ignore"):
         row = np.log(special.betainc(n1 + 1.0 + j, n2 + 1.0, 0.5))
@@ -148,6 +161,7 @@ class WavePlan:
         floors: Sequence[int],
         budget: int,
         log_stop: float = -math.inf,
+        rows: Sequence[NDArray[np.float64]] | None = None,
     ) -> tuple[list[int], float]:
         """Splits a batch's remaining ``budget`` between its open questions.
 
@@ -159,6 +173,9 @@ class WavePlan:
             budget: samples not yet dispatched.
             log_stop: no sample is bought for a question expected to be at
                 most this uncertain already (the budget is a ceiling).
+            rows: what each further sample of each question is worth, non-increasing
+                (None: ASC's expected log uncertainty after it); the budget goes to
+                the samples worth most, and ``log tau`` is in their unit.
 
         Returns:
             Each question's expected need beyond its samples in flight, and the
@@ -168,11 +185,12 @@ class WavePlan:
             max(0, min(f, lim) - p) for f, p, lim in zip(floors, pending, limits, strict=True)
         ]
         left = budget - sum(floor_need)
-        rows = []
-        starts = []
-        for (n1, n2, n), p, f, lim in zip(states, pending, floor_need, limits, strict=True):
-            rows.append(_row(n1, n2, n, max(1, min(lim, _MAX_ROW))))
-            starts.append(min(p + f, lim))
+        if rows is None:
+            rows = [
+                _row(n1, n2, n, max(1, min(lim, _MAX_ROW)))
+                for (n1, n2, n), lim in zip(states, limits, strict=True)
+            ]
+        starts = [min(p + f, lim) for p, f, lim in zip(pending, floor_need, limits, strict=True)]
         log_tau = log_stop
         if left > 0:
             slots = [row[s:lim] for row, s, lim in zip(rows, starts, limits, strict=True)]
@@ -193,14 +211,24 @@ class WavePlan:
         return math.ceil(max(1, num_samples) * (1.0 + self.growth) ** max(0, rounds_left))
 
     def step(
-        self, need: int, n1: int, n2: int, num_samples: int, log_tau: float, rounds_left: int
+        self,
+        need: int,
+        n1: int,
+        n2: int,
+        num_samples: int,
+        log_tau: float,
+        rounds_left: int,
+        unanimous: int | None = None,
     ) -> int:
         """The wave sent of ``need``: all of it in a question's last round, else a share of it
-        (at least what a unanimous question would need to reach ``log_tau``)."""
+        (at least ``unanimous``, what a unanimous question would need to reach ``log_tau``;
+        None: by ASC's uncertainty)."""
         if need <= 0:
             return 0
         grown = max(1, math.ceil(self.growth * num_samples))
         if rounds_left <= 1:
             return need
         share = max(1, math.ceil(self.step_share * need))
-        return min(need, max(min(share, grown), _optimistic(n1, n2, log_tau, need)))
+        if unanimous is None:
+            unanimous = unanimous_need(n1, n2, log_tau, need)
+        return min(need, max(min(share, grown), unanimous))

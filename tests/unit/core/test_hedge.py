@@ -34,12 +34,11 @@ def test_floor_share_ramps_from_peaked_to_flat() -> None:
 def test_a_peaked_batch_gets_no_floor_and_a_flat_one_half_its_budget(rank: str) -> None:
     peaked = HedgePolicy(4, 4 * 20, rank=rank)
     _run(peaked, [["a"]] * 4)
-    assert peaked.disagreement == 0.0 and peaked.floor == peaked.wave_floor == 2
-    assert peaked.cap is None
+    assert peaked.disagreement == 0.0 and peaked.floor == 2 and peaked.cap is None
     flat = HedgePolicy(4, 4 * 20, stop=0, rank=rank)
     _run(flat, [["a", "b", "c"]] * 4)
-    assert flat.disagreement == 1.0 and flat.wave_floor == 10
-    # Ranked by the value of a vote, a flat batch needs no floor sample by sample.
+    assert flat.disagreement == 1.0
+    # Ranked by the value of a vote, a flat batch needs no floor.
     assert flat.floor == (2 if rank == "value" else 10)
     assert flat.cap == 2.5
     assert flat.num_dispatched == 80  # a flat batch spends its whole budget
@@ -61,7 +60,7 @@ def test_ranked_by_value_a_contested_question_goes_before_one_that_looks_sure() 
 def test_a_fixed_floor_holds_for_the_ranking_by_value_too() -> None:
     policy = HedgePolicy(2, 40, floor=0.5, stop=0, rank="value")
     _run(policy, [["a", "b"], ["c"]])
-    assert policy.floor == policy.wave_floor == 10
+    assert policy.floor == 10
     assert policy.num_assigned[1] >= 10
 
 

@@ -2,8 +2,10 @@
 
 import math
 
+import numpy as np
 import pytest
-from blendserve.core.policies import PolicySpec
+from blendserve.core.policies import HedgePolicy, PolicySpec
+from blendserve.core.vote_value import VoteValue
 from blendserve.core.waves import WavePlan, expected_log_uncertainty
 from blendserve.sim.runner import run_sc
 from blendserve.sim.synthetic import synthetic
@@ -77,3 +79,43 @@ def test_waves_keep_most_of_the_sequential_saving_on_an_llm_like_family() -> Non
     waves = sum(run_waves(dataset, PolicySpec("hedge"), 3200, seed=s).num_wrong for s in range(3))
     uniform = sum(int(run_sc(dataset, 16, s)[-1]) for s in range(3))
     assert waves < uniform
+
+
+def test_allocate_spends_on_the_rows_it_is_given() -> None:
+    rows = [np.log([0.5, 0.4, 0.1]), np.log([0.3, 0.2, 0.05])]
+    needs, log_tau = WavePlan().allocate([(1, 0, 1)] * 2, [0, 0], [3, 3], [0, 0], 3, rows=rows)
+    assert needs == [2, 1] and log_tau == pytest.approx(math.log(0.2))
+
+
+def test_a_wave_planned_by_value_stops_where_asc_expects_the_question_settled() -> None:
+    """A batch's budget is a ceiling with waves ranked by value too: unanimous questions
+    are bought no more than ASC expects them to need to reach the stop."""
+    policy = HedgePolicy(4, 4 * 60)
+    plan = WavePlan()
+    for q in range(4):
+        policy.assign(q, 3)
+        for _ in range(3):
+            policy.observe(q, "a")
+    waves = policy.plan_waves(plan, [1] * 4)
+    # ASC's P[p1 < p2] of n unanimous votes is 2^-(n+1): at most 1e-3 from 9 votes on.
+    assert waves and all(1 <= k <= 6 for k in waves.values())
+
+
+def test_a_flat_batch_planned_by_value_sends_its_contested_questions_more() -> None:
+    policy = HedgePolicy(3, 3 * 30, stop=0)
+    votes = [["a", "b", "a", "b"], ["a", "a", "a", "b"], ["a", "a", "a", "a"]]
+    for q, answers in enumerate(votes):
+        policy.assign(q, len(answers))
+        for answer in answers:
+            policy.observe(q, answer)
+    waves = policy.plan_waves(WavePlan(), [1, 1, 1])
+    assert waves[0] >= waves[1] >= waves[2] >= 1
+    assert sum(waves.values()) <= policy.num_remaining
+
+
+def test_value_gains_fall_and_start_at_the_value_of_a_sample() -> None:
+    value = VoteValue()
+    gains = value.log_gains(3, 1, 0.8, 40)
+    assert len(gains) == 40 and np.all(np.diff(gains) <= 0)
+    assert gains[0] == pytest.approx(math.log(0.8 * value.value(3, 1)))
+    assert value.log_gains(9, 0, 1.0, 10)[0] < value.log_gains(5, 4, 1.0, 10)[0]

@@ -36,7 +36,7 @@ from blendserve.core.policies.priority import PriorityPolicy
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.uncertainty import asc_log_uncertainty
 from blendserve.core.vote_value import VoteValue
-from blendserve.core.waves import WavePlan
+from blendserve.core.waves import WavePlan, expected_need, unanimous_need
 
 __all__ = ["DEFAULT_STOP", "RANKS", "HedgePolicy"]
 
@@ -99,7 +99,6 @@ class HedgePolicy(PriorityPolicy):
         self.probe = min(probe, budget // max(1, num_questions))
         self._fixed_floor = floor
         self._floor = self.probe  # samples every question gets before ranking
-        self._wave_floor = self.probe  # samples every question gets before a wave's plan
         self._log_stop = math.log(stop) if stop > 0 else -math.inf
         self._num_probed = 0
         self._num_flat = 0
@@ -112,11 +111,6 @@ class HedgePolicy(PriorityPolicy):
     def floor(self) -> int:
         """Samples every question gets before the ranking decides (while probing: the probe)."""
         return self._floor
-
-    @property
-    def wave_floor(self) -> int:
-        """Samples every question gets before a wave's plan decides (while probing: the probe)."""
-        return self._wave_floor
 
     def priority(self, q: int) -> float:
         """The least-sampled first below the floor; then minus the value of a sample (a
@@ -190,24 +184,43 @@ class HedgePolicy(PriorityPolicy):
         if not open_questions or self.num_remaining <= 0:
             return {}
         observed = votes.num_samples
+        limits = [
+            max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
+            for q in open_questions
+        ]
+        value = self._value
+        rows = None
+        log_stop = self._log_stop
+        if value is not None:
+            rows = []
+            for q, limit in zip(open_questions, limits, strict=True):
+                n1, n2, n = votes.n1[q], votes.n2[q], observed[q]
+                ceiling = expected_need(n1, n2, n, self._log_stop, limit)
+                rows.append(value.log_gains(n1, n2, (n1 + n2 + 1) / (n + 2), max(1, ceiling)))
+            log_stop = -math.inf
         needs, log_tau = plan.allocate(
             [(votes.n1[q], votes.n2[q], observed[q]) for q in open_questions],
             [self.num_pending_of[q] for q in open_questions],
-            [
-                max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
-                for q in open_questions
-            ],
-            [max(0, self._wave_floor - observed[q]) for q in open_questions],
+            limits,
+            [max(0, self._floor - observed[q]) for q in open_questions],
             self.num_remaining,
-            self._log_stop,
+            log_stop,
+            rows,
         )
         sizes = {}
         for q, need in zip(open_questions, needs, strict=True):
             if self.num_pending_of[q]:
                 continue
-            k = plan.step(
-                need, votes.n1[q], votes.n2[q], observed[q], log_tau, plan.max_rounds - rounds[q]
-            )
+            n1, n2, n = votes.n1[q], votes.n2[q], observed[q]
+            unanimous = None
+            if value is not None:
+                # What an all-agreeing wave would need: to fall to the plan's price, and
+                # never past ASC's stop.
+                unanimous = min(
+                    value.unanimous(n1, n2, (n1 + n2 + 1) / (n + 2), log_tau, need),
+                    unanimous_need(n1, n2, self._log_stop, need),
+                )
+            k = plan.step(need, n1, n2, n, log_tau, plan.max_rounds - rounds[q], unanimous)
             sizes[q] = max(0, k)
         return sizes
 
@@ -237,14 +250,13 @@ class HedgePolicy(PriorityPolicy):
 
     def _set_floor(self, disagreement: float) -> None:
         self.disagreement = disagreement
-        mean = self.budget / self.num_questions
-        share = self._fixed_floor if self._fixed_floor is not None else floor_share(disagreement)
-        self._wave_floor = max(self.probe, math.floor(share * mean))
+        share = self._fixed_floor
         if self._rank == "value":
-            share = self._fixed_floor or 0.0
             self._value = VoteValue(refit_every=max(64, self.num_questions))
             self._value.fit(self._top_two_votes())
-        self._floor = max(self.probe, math.floor(share * mean))
+        elif share is None:
+            share = floor_share(disagreement)
+        self._floor = max(self.probe, math.floor((share or 0.0) * self.budget / self.num_questions))
         if self._auto_cap:
             self.cap = cap_multiple(disagreement)
         for q in range(self.num_questions):

@@ -52,7 +52,13 @@ _OPTIONS: dict[str, Option] = {
     "rank": Option(_rank, f"({'|'.join(RANKS)})"),
 }
 # option -> the one policy that takes it
-_ONLY = {"window": "esc", "probe": "hedge", "floor": "hedge", "stop": "hedge", "rank": "hedge"}
+_ONLY = {
+    "window": "esc",
+    "probe": "hedge",
+    "floor": "hedge",
+    "stop": "hedge",
+    "rank": "hedge",
+}
 
 
 @dataclass(frozen=True)
