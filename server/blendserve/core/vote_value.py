@@ -104,10 +104,19 @@ def _expected_errors(
     return np.asarray(errors, np.float64)
 
 
+def _falls(errors: NDArray[np.float64], count: int) -> NDArray[np.float64]:
+    """``falls[j]``: the best per-vote fall in ``errors`` from ``j``, over 1 to LOOK_AHEAD
+    votes, for ``j < count`` (``errors`` is at least ``count + LOOK_AHEAD`` long)."""
+    falls = np.zeros(count)
+    for w in range(1, LOOK_AHEAD + 1):
+        falls = np.maximum(falls, (errors[:count] - errors[w : count + w]) / w)
+    return falls
+
+
 @lru_cache(maxsize=1 << 12)
 def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
     """The value of one state past the table."""
-    return float(_values(weights, n1, n2, 1)[0, 0])
+    return float(_falls(_expected_errors(weights, n1, n2, LOOK_AHEAD + 1), 1)[0])
 
 
 class VoteValue:
@@ -160,12 +169,7 @@ class VoteValue:
         two at ``share``. Non-increasing: the rows a wave plan allocates a budget over."""
         votes = math.ceil(samples * share) + LOOK_AHEAD + 1
         votes = -(-votes // _ROW_STEP) * _ROW_STEP
-        errors = _expected_errors(self._name, n1, n2, votes)
-        falls = np.zeros(votes - LOOK_AHEAD)
-        for w in range(1, LOOK_AHEAD + 1):
-            falls = np.maximum(
-                falls, (errors[: votes - LOOK_AHEAD] - errors[w : votes - LOOK_AHEAD + w]) / w
-            )
+        falls = _falls(_expected_errors(self._name, n1, n2, votes), votes - LOOK_AHEAD)
         before = np.floor(np.arange(samples) * share).astype(np.int64)
         with np.errstate(divide="ignore"):
             gains = np.log(share * falls[before])
