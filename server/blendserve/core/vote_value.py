@@ -18,6 +18,7 @@ Pure; memoised per fitted prior.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -32,68 +33,83 @@ __all__ = ["LOOK_AHEAD", "VoteValue"]
 LOOK_AHEAD = 8
 # Grid weights are rounded to this many decimals to name a prior (values are memoised per name).
 _DECIMALS = 3
-# Values of states with fewer top-two votes than this each are tabled at each fit.
-_TABLED = 128
+# Each fit tables the chances of every state with fewer top-two votes than this each;
+# values are tabled for states LOOK_AHEAD fewer.
+_SPAN = 192
+_TABLED = _SPAN - LOOK_AHEAD
 _LOG_X = np.log(SHARES)
 _LOG_Y = np.log1p(-SHARES)
-# _COMB[w, j]: ways to place j of w votes on the leader.
-_COMB = special.comb(np.arange(LOOK_AHEAD + 1)[:, None], np.arange(LOOK_AHEAD + 1)[None, :])
-
-
-def _values(weights: tuple[float, ...], n1: int, n2: int, size: int) -> NDArray[np.float64]:
-    """``values[i, j]``: the best per-vote fall, over 1 to LOOK_AHEAD more top-two votes,
-    in the chance that the leader of ``(n1 + i, n2 + j)`` is not the mode, under the grid
-    ``weights``."""
-    log_w = np.log(np.asarray(weights))
-    a = (n1 + np.arange(size + LOOK_AHEAD, dtype=np.float64))[:, None, None]
-    b = (n2 + np.arange(size + LOOK_AHEAD, dtype=np.float64))[None, :, None]
-    # Log chances of the votes (a, b) at each share, the leader (first) or the
-    # runner-up (second) being the mode; one scale for all, so none is normalised.
-    first = log_w + a * _LOG_X + b * _LOG_Y
-    second = log_w + b * _LOG_X + a * _LOG_Y
-    top = max(float(first.max()), float(second.max()))
-    leader, runner_up = np.exp(first - top).sum(axis=2), np.exp(second - top).sum(axis=2)
-    error = np.minimum(leader, runner_up)  # the error after the votes, times their chance
-    now = error[:size, :size]
-    total = leader[:size, :size] + runner_up[:size, :size]
-    best = np.zeros((size, size))
-    for w in range(1, LOOK_AHEAD + 1):
-        expected = sum(
-            _COMB[w, j] * error[j : j + size, w - j : w - j + size] for j in range(w + 1)
-        )
-        best = np.maximum(best, (now - expected) / w)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(np.nan_to_num(best / total), np.float64)
-
-
-@lru_cache(maxsize=4)
-def _table(weights: tuple[float, ...]) -> NDArray[np.float64]:
-    """The values of every state with fewer than ``_TABLED`` votes each."""
-    table = _values(weights, 0, 0, _TABLED)
-    table.flags.writeable = False
-    return table
-
-
+# A fall in the error this small next to the error is rounding: no fall.
+_ROUNDING = 1e-12
 # A row's later samples are worth this much less in log space than equal earlier ones.
 _TIE = 1e-9
 # Rows of expected errors are computed this many votes long at least (and in multiples of it).
 _ROW_STEP = 16
 
 
-@lru_cache(maxsize=1 << 12)
+@dataclass(frozen=True)
+class _Chances:
+    """Under one prior, for every state ``(a, b)`` of fewer than ``_SPAN`` votes each: the
+    chance of its votes (``total``) and of its votes with its leader not the mode
+    (``error``), on one scale (so ``error / total`` is the posterior error)."""
+
+    error: NDArray[np.float64]
+    total: NDArray[np.float64]
+    values: NDArray[np.float64]  # each state's value, for states of fewer than _TABLED
+
+
+@lru_cache(maxsize=4)
+def _chances(weights: tuple[float, ...]) -> _Chances:
+    """The chances and values of a prior's states: one product over the grid."""
+    votes = np.arange(_SPAN, dtype=np.float64)
+    # leader[a, b] = sum over the grid of w x^a (1 - x)^b: the answer with a votes is the mode.
+    leader = (np.asarray(weights) * np.exp(np.outer(votes, _LOG_X))) @ np.exp(
+        np.outer(_LOG_Y, votes)
+    )
+    error, total = np.minimum(leader, leader.T), leader + leader.T
+    size = _TABLED
+    now = error[:size, :size]
+    best = np.zeros((size, size))
+    for w in range(1, LOOK_AHEAD + 1):
+        expected = sum(
+            math.comb(w, j) * error[j : j + size, w - j : w - j + size] for j in range(w + 1)
+        )
+        best = np.maximum(best, (now - expected) / w)
+    best[best <= _ROUNDING * now] = 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.nan_to_num(best / total[:size, :size])
+    for array in (error, total, values):
+        array.flags.writeable = False
+    return _Chances(error, total, values)
+
+
 def _expected_errors(
     weights: tuple[float, ...], n1: int, n2: int, votes: int
 ) -> NDArray[np.float64]:
     """``errors[j]``: the chance that the leader of ``(n1, n2)`` is not the mode after
     ``j`` more top-two votes (the posterior's expectation), for ``j < votes``."""
+    if n1 + votes <= _SPAN and n2 + votes <= _SPAN:
+        chances = _chances(weights)
+        # errors[j] sums, over i of the j votes for the leader, C(j, i) times the error
+        # at (n1 + i, n2 + j - i) times its chance, relative to the chance of (n1, n2).
+        j, i = np.tril_indices(votes)
+        terms = special.comb(j, i) * chances.error[n1 + i, n2 + j - i]
+        errors = np.bincount(j, terms, minlength=votes) / chances.total[n1, n2]
+        return np.asarray(errors, np.float64)
+    return _expected_errors_far(weights, n1, n2, votes)
+
+
+@lru_cache(maxsize=1 << 12)
+def _expected_errors_far(
+    weights: tuple[float, ...], n1: int, n2: int, votes: int
+) -> NDArray[np.float64]:
+    """:func:`_expected_errors` past the table, in log space."""
     log_w = np.log(np.asarray(weights))
     a = (n1 + np.arange(votes, dtype=np.float64))[:, None, None]
     b = (n2 + np.arange(votes, dtype=np.float64))[None, :, None]
     first = special.logsumexp(log_w + a * _LOG_X + b * _LOG_Y, axis=2)
     second = special.logsumexp(log_w + b * _LOG_X + a * _LOG_Y, axis=2)
     log_error = np.minimum(first, second)
-    # errors[j] sums, over i of the j votes for the leader, C(j, i) times the error at
-    # (n1 + i, n2 + j - i) times its chance, relative to the chance of (n1, n2).
     j = np.arange(votes)[:, None]
     i = np.arange(votes)[None, :]
     valid = i <= j
@@ -110,6 +126,7 @@ def _falls(errors: NDArray[np.float64], count: int) -> NDArray[np.float64]:
     falls = np.zeros(count)
     for w in range(1, LOOK_AHEAD + 1):
         falls = np.maximum(falls, (errors[:count] - errors[w : count + w]) / w)
+    falls[falls <= _ROUNDING * errors[:count]] = 0.0
     return falls
 
 
@@ -132,7 +149,7 @@ class VoteValue:
         self.refit_every = refit_every
         self._since_fit = 0
         self._name = _named(np.full(len(SHARES), 1.0 / len(SHARES)))
-        self._table = _table(self._name)
+        self._table = _chances(self._name).values
 
     @property
     def weights(self) -> tuple[float, ...]:
@@ -152,7 +169,7 @@ class VoteValue:
             return False
         name = _named(fit_shares(votes))
         changed, self._name = name != self._name, name
-        self._table = _table(name)
+        self._table = _chances(name).values
         return changed
 
     def value(self, n1: int, n2: int) -> float:
