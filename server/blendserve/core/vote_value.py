@@ -192,7 +192,7 @@ class VoteValue:
             gains = np.log(share * falls[before])
         # Samples that share a vote's gain are told apart, the earlier first: a plan's
         # threshold then falls between them, not on all of them.
-        return np.minimum.accumulate(gains) - _TIE * np.arange(samples)
+        return np.asarray(np.minimum.accumulate(gains) - _TIE * np.arange(samples), np.float64)
 
     def unanimous(self, n1: int, n2: int, share: float, log_tau: float, limit: int) -> int:
         """Further samples, all for the leader, after which a sample is worth at most
