@@ -1,23 +1,25 @@
-"""The service's default batch policy: the value of a vote learned from the batch, or ASC's
-ranking over a uniform floor learned from it.
+"""The service's default batch policy: each sample where it is worth most, under how
+contested the batch's own questions are.
 
 ASC (and PPR-1v1) rank a question whose first two or three samples agree by
 chance as sure, and starve it; on flat answer distributions (many near-tied
 answers, a small model on hard questions) that makes them err more than
-plain self-consistency at the same spend. The batch shows how flat its
-answers are before it decides: every question first gets ``probe`` samples,
-and the share of questions whose probe samples disagree sets a *floor*, the
-samples every question gets, uniformly, before ASC's ranking takes the rest
-of the budget. A peaked batch gets no floor (pure ASC, the best fixed policy
-on peaked data); a flat one gets up to half its budget as a floor, and comes
-close to uniform sampling, which is what wins there. Waves
-(:meth:`HedgePolicy.plan_waves`) are planned that way.
+plain self-consistency at the same spend. ASC's ``P[p1 < p2]`` is the chance
+that the leader is wrong under a flat prior on the leader's share, the same
+for every batch. The default (``rank="value"``) learns that prior from the
+batch's own votes once every question has ``probe`` samples
+(:class:`~blendserve.core.vote_value.VoteValue`) and gives the next sample
+to the question where it is expected to lower the chance of a wrong answer
+most; a wave plan (:meth:`HedgePolicy.plan_waves`) gives the remaining
+budget to the samples expected to lower it most. On a flat batch that keeps
+sampling questions whose first votes agree by luck and spends less on
+near-ties that a few votes will not break.
 
-Sample by sample the default (``rank="value"``) needs no floor: it ranks by
-the value of a sample under how contested the batch's own questions are
-(:class:`~blendserve.core.vote_value.VoteValue`), which on a flat batch keeps
-sampling questions whose first votes agree by luck, as the floor did, and
-spends less on near-ties that a few votes will not break.
+``rank="asc"`` (the default before) protects ASC with a *floor* instead: the
+share of questions whose probe samples disagree sets the samples every
+question gets, uniformly, before ASC's ranking (or, in waves, its expected
+uncertainty) takes the rest of the budget: none on a peaked batch, up to
+half the budget on a flat one.
 
 A budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most
 ``stop``, whatever budget is left.
@@ -30,6 +32,7 @@ from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from blendserve.core.flatness import PROBE, cap_multiple, floor_share
 from blendserve.core.policies.priority import PriorityPolicy
@@ -40,8 +43,8 @@ from blendserve.core.waves import WavePlan, expected_need, unanimous_need
 
 __all__ = ["DEFAULT_STOP", "RANKS", "HedgePolicy"]
 
-#: How questions are ranked sample by sample: by the learned value of a vote, or by ASC's
-#: ``P[p1 < p2]`` over the floor.
+#: How questions are ranked: by the learned value of a sample, or by ASC's ``P[p1 < p2]``
+#: over the floor.
 RANKS = ("value", "asc")
 
 #: ASC ``P[p1 < p2]`` at which a question stops (its answer is settled).
@@ -52,19 +55,21 @@ _FLOOR_PRIORITY = -1e12
 
 
 class HedgePolicy(PriorityPolicy):
-    """ASC over a floor of uniform samples whose size the batch's first samples decide.
+    """Each sample where it is worth most under a prior learned from the batch's votes (or
+    ASC over a uniform floor the batch's first samples size).
 
     Args:
         num_questions: questions in the job.
         budget: total samples.
-        probe: samples every question gets first; their disagreement sets the floor.
-        floor: a fixed floor share of the mean budget (None: learned from the probe
-            for waves, and for the ranking with ``rank="asc"``).
+        probe: samples every question gets first; their disagreement sets the cap
+            (and the floor with ``rank="asc"``).
+        floor: a fixed floor share of the mean budget (None: none with
+            ``rank="value"``, learned from the probe with ``rank="asc"``).
         stop: ASC ``P[p1 < p2]`` at which a question stops (0: never).
         cap: skip questions holding more than ``cap`` times the mean samples
             (``"auto"``: from the probe, see :func:`~blendserve.core.flatness.cap_multiple`).
-        rank: sample by sample, rank by the learned value of a vote (``"value"``) or
-            by ASC over the floor (``"asc"``).
+        rank: rank (and plan waves) by the learned value of a sample (``"value"``)
+            or by ASC over the floor (``"asc"``).
         **kwargs: as for :class:`AllocationPolicy`.
     """
 
@@ -123,7 +128,7 @@ class HedgePolicy(PriorityPolicy):
             return _FLOOR_PRIORITY + assigned + (0.5 * pending / assigned if pending else 0.0)
         n1, n2, _ = self.rank_state(q)
         if self._value is not None and (value := self._value.value(n1, n2)) > 0:
-            return -value * (n1 + n2 + 1) / (assigned + 2)
+            return -value * (n1 + n2 + 1) / (assigned + 2)  # a sample's share of the top two
         # No value within the look-ahead (a long near-tie): after every question with one,
         # by ASC (a log uncertainty is below log 1/2).
         return -asc_log_uncertainty(n1, n2)
@@ -145,12 +150,14 @@ class HedgePolicy(PriorityPolicy):
         """The next wave of each question with none in flight: question -> samples.
 
         First every question's first wave; once all of them are back (the
-        batch's flatness sets the floor and the cap), the remaining budget
-        split by :meth:`WavePlan.allocate` over the open questions, each
-        sending its step of it. A question that has had ``plan.max_rounds``
-        waves is stopped. A question with none in flight that is sure enough
-        for now is planned 0 samples: its round passes. Empty: nothing to
-        send until samples in flight come back (or nothing at all).
+        batch's flatness sets the cap, and the floor with ``rank="asc"``), the
+        remaining budget split by :meth:`WavePlan.allocate` over the open
+        questions' further samples, by their value (or ASC's expected
+        uncertainty), each question sending its step of it. A question that
+        has had ``plan.max_rounds`` waves is stopped. A question with none in
+        flight that is sure enough for now is planned 0 samples: its round
+        passes. Empty: nothing to send until samples in flight come back (or
+        nothing at all).
 
         Args:
             plan: the wave plan.
@@ -188,23 +195,14 @@ class HedgePolicy(PriorityPolicy):
             max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
             for q in open_questions
         ]
-        value = self._value
-        rows = None
-        log_stop = self._log_stop
-        if value is not None:
-            rows = []
-            for q, limit in zip(open_questions, limits, strict=True):
-                n1, n2, n = votes.n1[q], votes.n2[q], observed[q]
-                ceiling = expected_need(n1, n2, n, self._log_stop, limit)
-                rows.append(value.log_gains(n1, n2, (n1 + n2 + 1) / (n + 2), max(1, ceiling)))
-            log_stop = -math.inf
+        rows = self._value_rows(open_questions, limits)
         needs, log_tau = plan.allocate(
             [(votes.n1[q], votes.n2[q], observed[q]) for q in open_questions],
             [self.num_pending_of[q] for q in open_questions],
             limits,
             [max(0, self._floor - observed[q]) for q in open_questions],
             self.num_remaining,
-            log_stop,
+            self._log_stop if rows is None else -math.inf,
             rows,
         )
         sizes = {}
@@ -212,17 +210,38 @@ class HedgePolicy(PriorityPolicy):
             if self.num_pending_of[q]:
                 continue
             n1, n2, n = votes.n1[q], votes.n2[q], observed[q]
-            unanimous = None
-            if value is not None:
-                # What an all-agreeing wave would need: to fall to the plan's price, and
-                # never past ASC's stop.
-                unanimous = min(
-                    value.unanimous(n1, n2, (n1 + n2 + 1) / (n + 2), log_tau, need),
-                    unanimous_need(n1, n2, self._log_stop, need),
-                )
+            unanimous = None if rows is None else self._unanimous(q, need, log_tau)
             k = plan.step(need, n1, n2, n, log_tau, plan.max_rounds - rounds[q], unanimous)
             sizes[q] = max(0, k)
         return sizes
+
+    def _share(self, q: int) -> float:
+        """The estimated chance that a sample of ``q`` votes for its top two answers."""
+        votes = self.votes
+        return (votes.n1[q] + votes.n2[q] + 1) / (votes.num_samples[q] + 2)
+
+    def _value_rows(
+        self, questions: list[int], limits: list[int]
+    ) -> list[NDArray[np.float64]] | None:
+        """Each question's further samples, valued (None: ranked by ASC), each row as long as
+        ASC expects the question to need to reach ``stop`` (the budget is a ceiling)."""
+        if self._value is None:
+            return None
+        votes = self.votes
+        rows = []
+        for q, limit in zip(questions, limits, strict=True):
+            n1, n2, n = votes.n1[q], votes.n2[q], votes.num_samples[q]
+            ceiling = expected_need(n1, n2, n, self._log_stop, limit)
+            rows.append(self._value.log_gains(n1, n2, self._share(q), max(1, ceiling)))
+        return rows
+
+    def _unanimous(self, q: int, need: int, log_tau: float) -> int:
+        """What a wave of ``q`` all for its leader would need: to fall to the plan's
+        ``log_tau``, and never past ASC's stop."""
+        assert self._value is not None
+        n1, n2 = self.votes.n1[q], self.votes.n2[q]
+        by_value = self._value.unanimous(n1, n2, self._share(q), log_tau, need)
+        return min(by_value, unanimous_need(n1, n2, self._log_stop, need))
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
         super()._on_vote(q, key, selectable)
@@ -244,7 +263,7 @@ class HedgePolicy(PriorityPolicy):
             for q in range(self.num_questions):
                 self._on_rank_change(q)
 
-    def _top_two_votes(self) -> np.ndarray:
+    def _top_two_votes(self) -> NDArray[np.float64]:
         """``(n1, n2)`` of every question, a row each."""
         return np.column_stack((self.votes.n1, self.votes.n2)).astype(np.float64)
 
