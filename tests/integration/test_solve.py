@@ -168,6 +168,8 @@ def test_ndjson_on_accept_header(server: LiveServer) -> None:
         ({"budget": 10, "budget_per_question": 3}, None),
         ({"budget": 10, "policy": "oracle"}, "policy"),
         ({"budget": 10, "policy": "blend:cap=x"}, "policy"),
+        ({"budget": 10, "policy": "hedge:rank=ppr"}, "policy"),
+        ({"budget": 10, "policy": "asc:rank=value"}, "policy"),
         ({"budget": 10, "answer": {"kind": "regex"}}, "answer"),
         ({"budget": 10, "sampling": {"temperature": -1}}, "sampling.temperature"),
         ({"budget": 10, "questions": [{"prompt": "a", "messages": []}]}, "questions.0.messages"),
@@ -185,6 +187,15 @@ def test_bad_requests_are_422_with_the_field(
     assert error["message"]
     if param is not None:
         assert error["param"].startswith(param)
+
+
+@pytest.mark.parametrize("policy", ["hedge:rank=asc", "hedge:rank=value"])
+def test_the_default_policy_ranks_either_way(server: LiveServer, policy: str) -> None:
+    response = _solve(server.url, budget=30, policy=policy)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert len(body["answers"]) == len(QUESTIONS)
+    assert body["budget"]["spent"] == sum(a["samples"] for a in body["answers"]) <= 30
 
 
 def test_on_an_engine_with_room_a_job_sends_at_most_max_rounds_waves_a_question() -> None:
