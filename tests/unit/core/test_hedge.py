@@ -8,6 +8,8 @@ from blendserve.sim.data import Dataset
 from blendserve.sim.runner import run_policy, run_sc
 from blendserve.sim.synthetic import synthetic
 
+from tests.support.policies import give_votes
+
 
 def _run(policy: HedgePolicy, answers: list[list[str]]) -> None:
     """Feeds question q's answers in order (cycling) until the policy stops."""
@@ -49,10 +51,7 @@ def test_ranked_by_value_a_contested_question_goes_before_one_that_looks_sure() 
     # 0 is tied at 2 votes to 2, 1 leads 3 to 1, 2 is unanimous at 4: by the value
     # of a sample, 0 first, then 1.
     votes = [["a", "b", "a", "b"], ["a", "a", "b", "a"], ["a", "a", "a", "a"]]
-    for q, answers in enumerate(votes):
-        policy.assign(q, len(answers))
-        for answer in answers:
-            policy.observe(q, answer)
+    give_votes(policy, votes)
     assert policy.select(2) == [0, 1]
     assert policy.select(1) == [2]
 

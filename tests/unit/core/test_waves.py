@@ -13,6 +13,8 @@ from blendserve.sim.waves import run_waves
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.policies import give_votes
+
 _STATE = st.tuples(st.integers(0, 20), st.integers(0, 20), st.integers(0, 10)).map(
     lambda t: (max(t[0], t[1]), min(t[0], t[1]), max(t[0], t[1]) + min(t[0], t[1]) + t[2])
 )
@@ -104,10 +106,7 @@ def test_a_wave_planned_by_value_stops_where_asc_expects_the_question_settled() 
 def test_a_flat_batch_planned_by_value_sends_its_contested_questions_more() -> None:
     policy = HedgePolicy(3, 3 * 30, stop=0)
     votes = [["a", "b", "a", "b"], ["a", "a", "a", "b"], ["a", "a", "a", "a"]]
-    for q, answers in enumerate(votes):
-        policy.assign(q, len(answers))
-        for answer in answers:
-            policy.observe(q, answer)
+    give_votes(policy, votes)
     waves = policy.plan_waves(WavePlan(), [1, 1, 1])
     assert waves[0] >= waves[1] >= waves[2] >= 1
     assert sum(waves.values()) <= policy.num_remaining
