@@ -13,9 +13,12 @@ a time costs dozens of rounds; this plan decides in a few:
    slots of largest expected uncertainty (ASC's ranking, looked ahead: a
    threshold ``tau`` on the expected uncertainty, the budget's Lagrange
    multiplier); a stream stops at its paced ``tau``. Either way a question's
-   wave is the samples it is expected to need to reach ``tau``;
+   wave is the samples it is expected to need to reach ``tau``. A batch
+   policy may value the slots itself (the default policy: the expected fall
+   in the chance of a wrong answer each further sample buys), and ``tau`` is
+   then a price in its unit;
 3. a wave that is not the question's last sends only ``step_share`` of that
-   need (and never more than a unanimous question would need to stop there),
+   need (but at least what a unanimous question would need to stop there),
    so the next round re-plans with more votes; the last round sends all of
    it, and ``max_rounds`` bounds the rounds of every question.
 
