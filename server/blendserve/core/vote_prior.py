@@ -46,6 +46,7 @@ __all__ = [
     "ReadyPrior",
     "VotePrior",
     "fit_shares",
+    "rounded_weights",
     "start_log_price",
     "start_log_price_known",
 ]
@@ -106,6 +107,13 @@ def fit_shares(votes: NDArray[np.float64]) -> NDArray[np.float64]:
         weights = joint.mean(axis=0) + _EM_FLOOR
         weights /= weights.sum()
     return weights
+
+
+def rounded_weights(weights: NDArray[np.float64], decimals: int) -> tuple[float, ...]:
+    """Grid weights rounded to ``decimals`` (none zero, summing to 1): the name under which
+    priors alike share what is computed from them."""
+    rounded = np.round(weights, decimals) + 10.0**-decimals
+    return tuple((rounded / rounded.sum()).tolist())
 
 
 @lru_cache(maxsize=len(_SIZES))
@@ -417,8 +425,7 @@ class VotePrior:
 
     def _name(self) -> tuple[float, ...]:
         """The weights rounded: priors alike share one programme."""
-        rounded = np.round(self.weights, _DECIMALS) + 10.0**-_DECIMALS
-        return tuple((rounded / rounded.sum()).tolist())
+        return rounded_weights(self.weights, _DECIMALS)
 
     def _programme(self) -> _Programme:
         return _programme(self._key, self.max_votes)

@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from blendserve.core.vote_prior import SHARES, fit_shares
+from blendserve.core.vote_prior import SHARES, fit_shares, rounded_weights
 
 __all__ = ["LOOK_AHEAD", "VoteValue"]
 
@@ -148,7 +148,7 @@ class VoteValue:
             raise ValueError(f"refit_every must be at least 1, got {refit_every}")
         self.refit_every = refit_every
         self._since_fit = 0
-        self._name = _named(np.full(len(SHARES), 1.0 / len(SHARES)))
+        self._name = rounded_weights(np.full(len(SHARES), 1.0 / len(SHARES)), _DECIMALS)
         self._table = _chances(self._name).values
 
     @property
@@ -167,7 +167,7 @@ class VoteValue:
         votes = votes[votes.sum(axis=1) > 0]
         if not len(votes):
             return False
-        name = _named(fit_shares(votes))
+        name = rounded_weights(fit_shares(votes), _DECIMALS)
         changed, self._name = name != self._name, name
         self._table = _chances(name).values
         return changed
@@ -202,9 +202,3 @@ class VoteValue:
             if worth <= 0 or math.log(worth) <= log_tau:
                 return m
         return limit
-
-
-def _named(weights: NDArray[np.float64]) -> tuple[float, ...]:
-    """The weights rounded: batches alike share memoised values."""
-    rounded = np.round(weights, _DECIMALS) + 10.0**-_DECIMALS
-    return tuple((rounded / rounded.sum()).tolist())
