@@ -45,10 +45,20 @@ class Comparison:
     length: float
     width: int
     default_samples: int
-    sc_measured: float
+    sc_runs: tuple[float, ...]
     sc_predicted: float
-    default_measured: float
+    default_runs: tuple[float, ...]
     default_predicted: float
+
+    @property
+    def sc_measured(self) -> float:
+        """SC@32's fastest run."""
+        return min(self.sc_runs)
+
+    @property
+    def default_measured(self) -> float:
+        """The default job's fastest run."""
+        return min(self.default_runs)
 
     @property
     def ratio_error(self) -> float:
@@ -61,13 +71,18 @@ class Comparison:
         sc, default = self.sc_predicted, self.default_predicted
         return (
             f"{self.length:.1f} tokens a sample, at most {self.width} in flight\n"
-            f"SC@32:   measured {self.sc_measured:.1f} s, predicted {sc:.1f} s "
-            f"({sc / self.sc_measured:.2f}x)\n"
-            f"default: measured {self.default_measured:.1f} s ({self.default_samples} samples), "
-            f"predicted {default:.1f} s ({default / self.default_measured:.2f}x)\n"
+            f"SC@32:   measured {self.sc_measured:.1f} s ({_runs(self.sc_runs)}), "
+            f"predicted {sc:.1f} s ({sc / self.sc_measured:.2f}x)\n"
+            f"default: measured {self.default_measured:.1f} s ({_runs(self.default_runs)}; "
+            f"{self.default_samples} samples), predicted {default:.1f} s "
+            f"({default / self.default_measured:.2f}x)\n"
             f"default / SC@32: measured {self.default_measured / self.sc_measured:.3f}, "
             f"predicted {default / sc:.3f} ({self.ratio_error + 1:.2f}x)"
         )
+
+
+def _runs(seconds: tuple[float, ...]) -> str:
+    return "runs " + ", ".join(f"{s:.1f}" for s in seconds)
 
 
 def _timed_solve(url: str, width: int, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -96,13 +111,20 @@ def _predicted(
     return seconds / scale
 
 
-def compare(upstream: str, profile: Path, width: int = 8, scale: float = 0.25) -> Comparison:
-    """Both jobs run through blendserve in front of ``upstream`` (a ``/v1`` URL), then
-    predicted on ``profile`` by the replay engine at ``scale`` times its speed."""
+def compare(
+    upstream: str, profile: Path, width: int = 8, scale: float = 0.25, runs: int = 3
+) -> Comparison:
+    """Both jobs run ``runs`` times each, taking turns, through blendserve in front of
+    ``upstream`` (a ``/v1`` URL), then predicted on ``profile`` by the replay engine at
+    ``scale`` times its speed. Each job's fastest run is its measure: a shared host's
+    slow spell lengthens one run, not both jobs' best."""
     app = create_app(Settings(upstreams=(upstream,), group_wait_ms=0, engine_capacity=width))
+    sc_runs, default_runs = [], []
     with LiveServer(app, timeout=60) as live:
-        sc_s, sc = _timed_solve(live.url, width, SC)
-        default_s, default = _timed_solve(live.url, width, DEFAULT)
+        for _ in range(runs):
+            sc_runs.append(_timed_solve(live.url, width, SC))
+            default_runs.append(_timed_solve(live.url, width, DEFAULT))
+    sc = sc_runs[0][1]
     records = [
         {"id": a["id"], "prompt": q["prompt"],
          "answers": [v for v, k in a["votes"].items() for _ in range(k)]}
@@ -112,9 +134,9 @@ def compare(upstream: str, profile: Path, width: int = 8, scale: float = 0.25) -
     return Comparison(
         length=length,
         width=width,
-        default_samples=default["budget"]["spent"],
-        sc_measured=sc_s,
+        default_samples=default_runs[0][1]["budget"]["spent"],
+        sc_runs=tuple(seconds for seconds, _ in sc_runs),
         sc_predicted=_predicted(profile, records, length, width, scale, SC),
-        default_measured=default_s,
+        default_runs=tuple(seconds for seconds, _ in default_runs),
         default_predicted=_predicted(profile, records, length, width, scale, DEFAULT),
     )
