@@ -37,7 +37,7 @@ def main() -> int:
     args = parser.parse_args()
     profile = Path(tempfile.mkdtemp()) / "profile.jsonl"
     calibrate = ["calibrate", "--upstream", args.upstream, "--out", str(profile), "--widths",
-                 args.widths, "--contexts", "32,128", "--tokens", "8,64",
+                 args.widths, "--contexts", "32,128", "--tokens", "8,32",
                  "--reps", "5"]  # fmt: skip
     if blendserve(calibrate) != 0:
         return 1
