@@ -250,7 +250,9 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
     upstream: str, calibrated: Path
 ) -> None:
     """A service with no profile learns vLLM's step cost from a few minutes of traffic at
-    widths 1, 4 and 8, near what ``blendserve calibrate`` measured."""
+    widths 1, 4 and 8, near what ``blendserve calibrate`` measured: within 50% at widths 1
+    and 8, and slower at 8 than at 1. On a shared 2-core host the two moved 17-28% apart in
+    runs minutes apart (docs/benchmarks.md), so a closer bound would time the host."""
     from blendserve.engines.step_cost import load_step_cost
 
     app = create_app(Settings(upstreams=(upstream,), engine_capacity=32, group_wait_ms=0))
@@ -274,7 +276,7 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
           f"{errors}")  # fmt: skip
     assert abs(cost["context"] / context - 1) <= 0.25, (cost, context)
     assert cost["step_ms"]["1"] < cost["step_ms"]["8"], cost
-    assert all(abs(e) <= 0.25 for e in errors.values()), (cost, errors)
+    assert all(abs(e) <= 0.5 for e in errors.values()), (cost, errors)
 
 
 @pytest.mark.timeout(1800)  # the first to ask pays for vLLM's start and the calibration
