@@ -251,7 +251,7 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
 ) -> None:
     """A service with no profile learns vLLM's step cost from a few minutes of traffic at
     widths 1, 4 and 8, near what ``blendserve calibrate`` measured: within 50% at widths 1
-    and 8, and slower at 8 than at 1. On a shared 2-core host the two moved 17-28% apart in
+    and 8, and no faster at 8 than at 1. On a shared 2-core host the two moved 17-28% apart in
     runs minutes apart (docs/benchmarks.md), so a closer bound would time the host."""
     from blendserve.engines.step_cost import load_step_cost
 
@@ -275,7 +275,9 @@ def test_the_cost_learnt_from_vllms_metrics_converges_to_the_calibration(
           f"{cost['live_observations']} observations; against the calibration: "
           f"{errors}")  # fmt: skip
     assert abs(cost["context"] / context - 1) <= 0.25, (cost, context)
-    assert cost["step_ms"]["1"] < cost["step_ms"]["8"], cost
+    # Width costs at least nothing; on a CPU where it is nearly free (AVX-512) the live fit
+    # may find no width term at all.
+    assert cost["step_ms"]["1"] <= cost["step_ms"]["8"], cost
     assert all(abs(e) <= 0.5 for e in errors.values()), (cost, errors)
 
 
