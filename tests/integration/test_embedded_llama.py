@@ -45,6 +45,10 @@ QUESTIONS = [
 ]
 INSTRUCTION = " Answer in one or two short sentences and end with the final number."
 MODEL = "qwen2.5-coder-0.5b"
+#: The model's end-of-text tokens (``<|endoftext|>``, ``<|im_end|>``), as logit_bias keys.
+QWEN_ENDS = ("151643", "151645")
+#: Tokens of a long sample that set the server's pace: a 50th of the cut one's.
+PACE_TOKENS = 30
 
 #: The model's samples run on the CPU: a coroutine may take minutes.
 on_cpu = partial(run_coroutine, timeout=240)
@@ -53,7 +57,11 @@ on_cpu = partial(run_coroutine, timeout=240)
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedLlamaServer]:
     cache = Path(tempfile.gettempdir()) / "blendserve-models"
-    live = EmbeddedLlamaServer(ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048)
+    # One thread: the other test worker shares the cores, and llama.cpp's threads wait on
+    # each other when one is descheduled (a sample then takes tens of times longer).
+    live = EmbeddedLlamaServer(
+        ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048, n_threads=1
+    )
     on_cpu(live.start())
     yield live
     on_cpu(live.aclose())
@@ -116,20 +124,35 @@ def test_answers_are_extractable(server: EmbeddedLlamaServer) -> None:
 
 
 def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
-    async def scenario() -> None:
+    # Timed against the server's own pace, which the other test worker moves.
+    def long(max_tokens: int) -> GenerateRequest:
+        return _ask(
+            "Write the numbers from 1 to 3000, one per line.",
+            max_tokens=max_tokens,
+            extra={"logit_bias": {token: -100 for token in QWEN_ENDS}},  # it cannot end early
+        )
+
+    async def scenario() -> tuple[float, float, float]:
         async with OpenAIEngine(
             [server.base_url], stream=True, timeouts=Timeouts(call=120)
         ) as engine:
-            long = _ask("Write the numbers from 1 to 3000, one per line.", max_tokens=1500)
+
+            async def seconds(request: GenerateRequest) -> float:
+                started = time.monotonic()
+                (sample,) = await engine.generate(request)
+                assert sample.text
+                return time.monotonic() - started
+
+            before = await seconds(long(PACE_TOKENS))
             # Cut while it reads its prompt: however long its answer would be, it is cut.
             with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(engine.generate(long), timeout=0.3)
-            short = _ask(QUESTIONS[1][0], max_tokens=40, temperature=0.0)
-            # 1,500 tokens at ~45 tokens/s would hold the server for half a minute.
-            (sample,) = await asyncio.wait_for(engine.generate(short), timeout=25)
-            assert sample.text
+                await asyncio.wait_for(engine.generate(long(1500)), timeout=0.3)
+            short = await seconds(_ask(QUESTIONS[1][0], max_tokens=40, temperature=0.0))
+            return before, short, await seconds(long(PACE_TOKENS))
 
-    on_cpu(scenario())
+    before, short, after = on_cpu(scenario())
+    # Held behind the cut sample, the short one would wait for its ~1,450 tokens left.
+    assert short < 6 * max(before, after), (before, short, after)
     assert server.running
 
 
