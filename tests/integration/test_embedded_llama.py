@@ -57,11 +57,7 @@ on_cpu = partial(run_coroutine, timeout=240)
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedLlamaServer]:
     cache = Path(tempfile.gettempdir()) / "blendserve-models"
-    # One thread: the other test worker shares the cores, and llama.cpp's threads wait on
-    # each other when one is descheduled (a sample then takes tens of times longer).
-    live = EmbeddedLlamaServer(
-        ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048, n_threads=1
-    )
+    live = EmbeddedLlamaServer(ensure_model(MODEL, cache), model_name=MODEL, n_ctx=2048)
     on_cpu(live.start())
     yield live
     on_cpu(live.aclose())

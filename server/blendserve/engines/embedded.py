@@ -292,6 +292,7 @@ async def create_embedded_engine(
     *,
     timeout: float = 600.0,
     n_ctx: int = 4096,
+    threads: int | None = None,
     sink: Stats = NO_STATS,
 ) -> EmbeddedEngine:
     """Prepares the model, starts the server and returns the engine that owns it.
@@ -304,5 +305,5 @@ async def create_embedded_engine(
     """
     cache = cache_dir or Path(tempfile.gettempdir()) / "blendserve-models"
     path = await asyncio.to_thread(ensure_model, model, cache)
-    server = EmbeddedLlamaServer(path, model_name=model, n_ctx=n_ctx)
+    server = EmbeddedLlamaServer(path, model_name=model, n_ctx=n_ctx, n_threads=threads)
     return await run_embedded(server, timeout=timeout, sink=sink)

@@ -41,6 +41,7 @@ class EngineConfig:
         data: recorded answers for the replay engine.
         embedded_model: model of the embedded default.
         model_cache_dir: where the embedded model file is assembled.
+        embedded_threads: the embedded server's CPU threads (None: half the cores).
         vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
         session_header: header carrying the question id upstream (session routing).
@@ -67,6 +68,7 @@ class EngineConfig:
     data: Path | None = None
     embedded_model: str = "qwen2.5-coder-0.5b"
     model_cache_dir: Path | None = None
+    embedded_threads: int | None = None
     vllm_model: str | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     session_header: str | None = None
@@ -169,6 +171,7 @@ async def _build(config: EngineConfig, sink: Stats) -> Engine:
     return await create_embedded_engine(
         model=config.embedded_model,
         cache_dir=config.model_cache_dir,
+        threads=config.embedded_threads,
         timeout=config.timeouts.call,
         sink=sink,
     )

@@ -31,7 +31,7 @@ import httpx2
 
 from blendserve.errors import EngineDown, EngineUnavailable
 
-__all__ = ["REBUILD_HINT", "EmbeddedLlamaServer", "ServerExit", "ggml_build"]
+__all__ = ["REBUILD_HINT", "EmbeddedLlamaServer", "ServerExit", "default_threads", "ggml_build"]
 
 _log = logging.getLogger(__name__)
 
@@ -109,6 +109,20 @@ def ggml_build(distribution: str = "llama-cpp-python") -> dict[str, str]:
     return {}
 
 
+def default_threads() -> int:
+    """Half the cores this process may run on, at least one: llama.cpp's threads.
+
+    llama.cpp's threads wait on each other at every step: with one on each core,
+    anything else that runs (the service itself, a test, a build) stalls them all,
+    and a sample takes up to thirty times as long (docs/engines.md).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity outside Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -157,7 +171,7 @@ class EmbeddedLlamaServer:
         model_name: the name it serves the model under (its ``/v1/models``
             id); None: the file's path, llama.cpp's default.
         n_ctx: context length.
-        n_threads: CPU threads (default: all cores).
+        n_threads: CPU threads (default: :func:`default_threads`).
         startup_timeout: seconds to wait for the server to answer.
         command: the command line of a server on a port (default: llama.cpp's
             OpenAI server of the model); tests run stand-ins.
@@ -189,7 +203,7 @@ class EmbeddedLlamaServer:
         self.model_path = model_path
         self.model_name = model_name
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or default_threads()
         self.startup_timeout = startup_timeout
         self.command = command or self._llama_command
         self.max_restarts = max_restarts

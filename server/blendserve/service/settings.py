@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     model_cache_dir: Path = Field(
         Path("~/.cache/blendserve/models"), description="where the embedded model is kept"
     )
+    embedded_threads: int | None = Field(
+        None, ge=1, description="CPU threads of the embedded default (unset: half the cores)"
+    )
     vllm_model: str | None = Field(
         None, description="run this model with vLLM in-process (a GPU, or vLLM's CPU build)"
     )
@@ -287,6 +290,7 @@ class Settings(BaseSettings):
             data=self.data,
             embedded_model=self.embedded_model,
             model_cache_dir=self.model_cache_dir,
+            embedded_threads=self.embedded_threads,
             vllm_model=self.vllm_model,
             session_header=self.session_header,
             replay_latency=self.replay_latency_s,

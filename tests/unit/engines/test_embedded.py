@@ -76,3 +76,14 @@ def test_the_embedded_engine_lists_its_model_by_name() -> None:
             await inner.aclose()
 
     assert asyncio.run(listed()) == ["qwen2.5-coder-0.5b"]
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (3, 1), (8, 4)])
+def test_llama_cpp_leaves_half_the_cores_to_the_rest(
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    command = list(EmbeddedLlamaServer(Path("model.gguf")).command(8000))
+    assert command[command.index("--n_threads") + 1] == str(threads)
+    explicit = list(EmbeddedLlamaServer(Path("model.gguf"), n_threads=3).command(8000))
+    assert explicit[explicit.index("--n_threads") + 1] == "3"

@@ -63,6 +63,13 @@ def test_a_flag_out_of_range_is_refused() -> None:
         _serve("--group-max", "0")
 
 
+def test_the_embedded_servers_threads_reach_its_engine() -> None:
+    assert _serve().engine_config().embedded_threads is None  # half the cores
+    assert _serve("--embedded-threads", "3").engine_config().embedded_threads == 3
+    with pytest.raises(ValidationError, match="embedded_threads"):
+        _serve("--embedded-threads", "0")
+
+
 def test_paths_under_home_are_expanded() -> None:
     assert _serve("--model-cache-dir", "~/models").model_cache_dir == Path.home() / "models"
 
