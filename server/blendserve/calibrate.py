@@ -460,6 +460,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="an OpenAI-compatible server (vLLM, SGLang, llama.cpp); repeat for replicas",
     )
     engine.add_argument("--vllm-model", metavar="DIR", help="vLLM in-process on this model")
+    parser.add_argument(
+        "--embedded-threads",
+        type=_positive(int),
+        metavar="N",
+        help="CPU threads of the embedded default, as serve runs it (default: half the cores)",
+    )
     parser.add_argument("--model", metavar="NAME", help="model name sent upstream / served as")
     parser.add_argument("--api-key", metavar="KEY", help="bearer key for the upstreams")
     parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="the profile")
@@ -529,6 +535,7 @@ async def _calibrate(args: argparse.Namespace, grid: Grid) -> tuple[list[Point],
         model=args.model,
         api_key=args.api_key,
         timeouts=Timeouts(call=args.timeout),
+        embedded_threads=args.embedded_threads,
     )
     try:
         engine = await build_engine(config)

@@ -16,6 +16,7 @@ from blendserve.calibrate import CalibrationError, Grid, describe, measure
 from blendserve.cli import main
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.engines.config import Timeouts
+from blendserve.engines.factory import EngineConfig
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.step_cost import load_step_cost
 from blendserve.errors import UpstreamRejected
@@ -260,6 +261,7 @@ def test_an_engine_that_stops_too_early(tmp_path: Path, capfd: pytest.CaptureFix
         (["--widths", "1,x"], "not a list of positive integers"),
         (["--contexts", "0,256"], "not a list of positive integers"),
         (["--reps", "0"], "must be positive"),
+        (["--embedded-threads", "0"], "must be positive"),
     ],
 )
 def test_bad_lists_are_bad_arguments(
@@ -271,6 +273,21 @@ def test_bad_lists_are_bad_arguments(
     assert says in capsys.readouterr().err
 
 
+def test_the_embedded_default_is_calibrated_on_the_threads_it_serves_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built: list[EngineConfig] = []
+
+    async def refuse(config: EngineConfig) -> Engine:
+        built.append(config)
+        raise ValueError("not started in this test")
+
+    monkeypatch.setattr("blendserve.engines.factory.build_engine", refuse)
+    assert calibrate(None, tmp_path / "p.jsonl", "--embedded-threads", "2") == 1
+    assert [config.embedded_threads for config in built] == [2]
+    assert "not started in this test" in capsys.readouterr().err
+
+
 def test_a_grid_too_small_to_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     flags = ["--widths", "1,4", "--contexts", "256"]
     assert calibrate("http://127.0.0.1:9/v1", tmp_path / "p.jsonl", *flags) == 2
@@ -279,7 +296,7 @@ def test_a_grid_too_small_to_fit(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 @pytest.mark.llama
 @pytest.mark.slow
-@pytest.mark.timeout(360)  # its own server starts, then 24 requests on cores shared with tests
+@pytest.mark.timeout(600)  # its own server, then 24 requests: 110 s alone, 230 s next to tests
 def test_the_embedded_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # No engine flag: the embedded llama.cpp default, built as `blendserve serve` builds it
     # (its own server, not test_embedded_llama's: that path is what is tested; the model
