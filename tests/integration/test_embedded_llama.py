@@ -140,14 +140,14 @@ def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
                 return time.monotonic() - started
 
             before = await seconds(long(PACE_TOKENS))
-            # Cut while it reads its prompt: however long its answer would be, it is cut.
+            # Cut 0.3 s in: however long its answer would be, it is cut.
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(engine.generate(long(1500)), timeout=0.3)
             short = await seconds(_ask(QUESTIONS[1][0], max_tokens=40, temperature=0.0))
             return before, short, await seconds(long(PACE_TOKENS))
 
     before, short, after = on_cpu(scenario())
-    # Held behind the cut sample, the short one would wait for its ~1,450 tokens left.
+    # Held behind the cut sample, the short one would wait for the rest of its 1,500 tokens.
     assert short < 6 * max(before, after), (before, short, after)
     assert server.running
 
