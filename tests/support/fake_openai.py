@@ -549,6 +549,12 @@ def create_app(state: FakeState, killed: asyncio.Event | None = None) -> FastAPI
     return app
 
 
+# Every port a fake of this process has served on. The service's metrics are
+# process-wide and labelled by upstream URL, so a fake on a port an earlier
+# test's fake had would start with that test's counts.
+_PORTS_TAKEN: set[int] = set()
+
+
 def _bind(port: int) -> socket.socket:
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that name it.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -558,6 +564,19 @@ def _bind(port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def _bind_fresh() -> socket.socket:
+    """A socket on a port no fake of this process has had (see ``_PORTS_TAKEN``)."""
+    refused: list[socket.socket] = []  # held open, so the OS offers another port
+    try:
+        while (sock := _bind(0)).getsockname()[1] in _PORTS_TAKEN:
+            refused.append(sock)
+    finally:
+        for other in refused:
+            other.close()
+    _PORTS_TAKEN.add(sock.getsockname()[1])
     return sock
 
 
@@ -614,7 +633,7 @@ class FakeServer:
         """Serves (again, on the same port once started before) and waits until ready."""
         if self._thread is not None:
             raise RuntimeError("already running")
-        sock = _bind(self.port)
+        sock = _bind(self.port) if self.port else _bind_fresh()
         self.port = sock.getsockname()[1]
         self._killed = asyncio.Event()
         self._server = uvicorn.Server(_config(create_app(self.state, self._killed)))

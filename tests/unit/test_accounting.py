@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import fake_openai
 from tests.support.accounting import assert_accounting, parse_accounting
 from tests.support.stats import RecordingStats
 
@@ -78,3 +79,23 @@ def test_assert_accounting_fails_with_the_numbers_after_its_deadline() -> None:
 def test_metrics_without_the_in_flight_gauge_are_an_error() -> None:
     with pytest.raises(AssertionError, match="no blendserve_in_flight_samples"):
         parse_accounting("")
+
+
+def test_a_fake_upstream_never_takes_a_port_an_earlier_fake_had(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The service's metrics are process-wide, by upstream URL: an earlier fake's
+    # port would bring its counts along. The OS is made to offer one first.
+    first = fake_openai.FakeServer().start()
+    first.stop()
+    offered = [first.port]
+    real_bind = fake_openai._bind
+    monkeypatch.setattr(
+        fake_openai, "_bind", lambda port: real_bind(offered.pop() if offered else port)
+    )
+    second = fake_openai.FakeServer().start()
+    try:
+        assert not offered  # the earlier port was offered, and refused
+        assert second.port != first.port
+    finally:
+        second.stop()
