@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -41,6 +41,8 @@ from blendserve.core.flatness import PROBE
 
 __all__ = [
     "DEFAULT_MAX_ROUNDS",
+    "WIDE_GROWTH",
+    "WIDE_MAX_ROUNDS",
     "WavePlan",
     "expected_log_uncertainty",
     "expected_need",
@@ -49,6 +51,10 @@ __all__ = [
 
 #: Rounds (engine requests one after another) a question gets at most, by default.
 DEFAULT_MAX_ROUNDS = 4
+#: Rounds at most, and how much a wave may grow a question's samples, in a wide plan
+#: (:meth:`WavePlan.widened`).
+WIDE_MAX_ROUNDS = 3
+WIDE_GROWTH = 2.0
 
 # The shares p1, p2 are estimated with this many pseudo-votes each (a
 # unanimous question is not taken as certain).
@@ -108,6 +114,8 @@ class WavePlan:
             samples, so the batch's flatness is known after it).
         step_share: a wave that is not the question's last sends this share of
             what the question is expected to need.
+        growth: a wave adds at most this many times the samples a question has
+            (1: it at most doubles them).
     """
 
     max_rounds: int = DEFAULT_MAX_ROUNDS
@@ -120,6 +128,17 @@ class WavePlan:
             raise ValueError(f"max_rounds must be at least 1, got {self.max_rounds}")
         if not 0.0 < self.first_share <= 1.0 or not 0.0 < self.step_share <= 1.0:
             raise ValueError("first_share and step_share must be in (0, 1]")
+
+    def widened(self) -> WavePlan:
+        """This plan for an engine with room for half the job at once: a round fewer (at
+        most :data:`WIDE_MAX_ROUNDS`), each later wave up to tripling a question's samples.
+
+        There a round costs a straggler's whole length at a width that is nearly
+        free, so fewer, larger waves end the job sooner; the growth lets the
+        contested questions still take the budget in fewer rounds. Chosen on the
+        flat and LLM-like families (docs/benchmarks.md).
+        """
+        return replace(self, max_rounds=min(self.max_rounds, WIDE_MAX_ROUNDS), growth=WIDE_GROWTH)
 
     def first_wave(self, budget_per_question: float) -> int:
         """Samples of every question's first wave (all of them with one round only)."""

@@ -390,6 +390,9 @@ class Job:
                 # costs a slot, so decide sample by sample and keep the free slots filled.
                 limit = max(limit, min(self._concurrency, policy.num_pending + free))
             elif free > limit - policy.num_pending:
+                if not any(self._rounds) and 2 * free >= self.spec.budget:
+                    # Room for half the job at once: fewer, larger waves.
+                    self._plan = self._plan.widened()
                 # A question's next wave is planned once its last one is all back:
                 # a plan made on the part that came back first (on a real engine,
                 # the shortest samples) would stop it on too few votes.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from blendserve.core.policies import HedgePolicy, PolicySpec
 from blendserve.core.vote_value import VoteValue
-from blendserve.core.waves import WavePlan, expected_log_uncertainty
+from blendserve.core.waves import WIDE_MAX_ROUNDS, WavePlan, expected_log_uncertainty
 from blendserve.sim.runner import run_sc
 from blendserve.sim.synthetic import synthetic
 from blendserve.sim.waves import run_waves
@@ -26,6 +26,17 @@ def test_the_first_wave_is_a_share_of_the_budget_and_at_least_the_probe() -> Non
     assert plan.first_wave(3) == 2  # the probe: flatness is known after it
     assert plan.first_wave(1.5) == 1  # never past the budget
     assert WavePlan(max_rounds=1).first_wave(8.7) == 8  # one round: all of it
+
+
+def test_a_widened_plan_has_a_round_fewer_and_grows_a_question_further() -> None:
+    plan = WavePlan(max_rounds=4)
+    wide = plan.widened()
+    assert wide.max_rounds == WIDE_MAX_ROUNDS == 3
+    assert WavePlan(max_rounds=2).widened().max_rounds == 2  # never more than asked
+    assert plan.reach(4, 1) == 8 and wide.reach(4, 1) == 12  # a wave may triple, not double
+    # A contested question's last wave is bounded by its growth.
+    assert plan.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) == 6
+    assert wide.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) > 6
 
 
 def test_a_unanimous_question_is_expected_surer_than_a_contested_one() -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from blendserve.core.waves import WIDE_MAX_ROUNDS
 from blendserve.engines.base import EngineLoad, GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
@@ -117,6 +118,19 @@ def test_on_an_idle_engine_a_job_ends_in_a_few_waves_where_sample_by_sample_take
         assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64
     assert wall[4] <= 4.0 + 1e-9
     assert wall[0] >= 3 * wall[4]
+
+
+def test_an_engine_with_room_for_half_the_job_gets_a_round_fewer() -> None:
+    records = _records(64, seed=4)
+    questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
+    rounds = {}
+    # 64 questions at 12 a question: 768 samples, half of them fit in 512 slots, not in 256.
+    for capacity in (512, 256):
+        engine = WaveEngine(records, capacity)
+        events, _ = _run(Job(JobSpec(questions, budget=64 * 12, max_rounds=4), engine, last_word))
+        assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64 * 11
+        rounds[capacity] = max(len(s) for s in engine.starts.values())
+    assert rounds[512] <= WIDE_MAX_ROUNDS < rounds[256] == 4
 
 
 def test_a_busy_engine_keeps_the_job_sample_by_sample() -> None:
