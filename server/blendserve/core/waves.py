@@ -130,8 +130,8 @@ class WavePlan:
             raise ValueError("first_share and step_share must be in (0, 1]")
 
     def widened(self) -> WavePlan:
-        """This plan for an engine with room for half the job at once: a round fewer (at
-        most :data:`WIDE_MAX_ROUNDS`), each later wave up to tripling a question's samples.
+        """This plan for an engine with room for half the job at once: at most
+        :data:`WIDE_MAX_ROUNDS` rounds, each later wave up to tripling a question's samples.
 
         There a round costs a straggler's whole length at a width that is nearly
         free, so fewer, larger waves end the job sooner; the growth lets the

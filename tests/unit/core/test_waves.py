@@ -34,7 +34,7 @@ def test_a_widened_plan_has_a_round_fewer_and_grows_a_question_further() -> None
     assert wide.max_rounds == WIDE_MAX_ROUNDS == 3
     assert WavePlan(max_rounds=2).widened().max_rounds == 2  # never more than asked
     assert plan.reach(4, 1) == 8 and wide.reach(4, 1) == 12  # a wave may triple, not double
-    # A contested question's last wave is bounded by its growth.
+    # A contested question's next wave is bounded by its growth.
     assert plan.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) == 6
     assert wide.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) > 6
 
