@@ -41,6 +41,7 @@ from blendserve.core.flatness import PROBE
 
 __all__ = [
     "DEFAULT_MAX_ROUNDS",
+    "MIN_REACH",
     "WIDE_GROWTH",
     "WIDE_MAX_ROUNDS",
     "WavePlan",
@@ -55,6 +56,9 @@ DEFAULT_MAX_ROUNDS = 4
 #: (:meth:`WavePlan.widened`).
 WIDE_MAX_ROUNDS = 3
 WIDE_GROWTH = 2.0
+#: A question's samples may grow at least this many times over its first wave in its
+#: rounds, whatever ``max_rounds``: what three rounds that double allow.
+MIN_REACH = 4.0
 
 # The shares p1, p2 are estimated with this many pseudo-votes each (a
 # unanimous question is not taken as certain).
@@ -115,7 +119,9 @@ class WavePlan:
         step_share: a wave that is not the question's last sends this share of
             what the question is expected to need.
         growth: a wave adds at most this many times the samples a question has
-            (1: it at most doubles them).
+            (1: it at most doubles them); raised where the rounds could not
+            otherwise take a question :data:`MIN_REACH` times past its first
+            wave (:attr:`wave_growth`).
     """
 
     max_rounds: int = DEFAULT_MAX_ROUNDS
@@ -128,6 +134,15 @@ class WavePlan:
             raise ValueError(f"max_rounds must be at least 1, got {self.max_rounds}")
         if not 0.0 < self.first_share <= 1.0 or not 0.0 < self.step_share <= 1.0:
             raise ValueError("first_share and step_share must be in (0, 1]")
+
+    @property
+    def wave_growth(self) -> float:
+        """The growth a wave is held to: :attr:`growth`, or more where the plan has too
+        few rounds for a question to reach :data:`MIN_REACH` times its first wave
+        (with two rounds, doubling would leave a third of a batch's budget unspent)."""
+        if self.max_rounds < 2:
+            return self.growth
+        return max(self.growth, MIN_REACH ** (1.0 / (self.max_rounds - 1)) - 1.0)
 
     def widened(self) -> WavePlan:
         """This plan for an engine with room for half the job at once: at most
@@ -172,7 +187,7 @@ class WavePlan:
         need = _need(_row(n1, n2, num_samples, min(limit, _MAX_ROW)), log_tau)
         # A stream's tau is paced: a last wave of all a contested question is
         # expected to need would take samples the pacing then takes from others.
-        grown = max(1, math.ceil(self.growth * num_samples))
+        grown = max(1, math.ceil(self.wave_growth * num_samples))
         return min(grown, self.step(need, n1, n2, num_samples, log_tau, rounds_left))
 
     def allocate(
@@ -230,7 +245,7 @@ class WavePlan:
 
     def reach(self, num_samples: int, rounds_left: int) -> int:
         """Samples a question holding ``num_samples`` can reach in ``rounds_left`` waves."""
-        return math.ceil(max(1, num_samples) * (1.0 + self.growth) ** max(0, rounds_left))
+        return math.ceil(max(1, num_samples) * (1.0 + self.wave_growth) ** max(0, rounds_left))
 
     def step(
         self,
@@ -247,7 +262,7 @@ class WavePlan:
         None: by ASC's uncertainty)."""
         if need <= 0:
             return 0
-        grown = max(1, math.ceil(self.growth * num_samples))
+        grown = max(1, math.ceil(self.wave_growth * num_samples))
         if rounds_left <= 1:
             return need
         share = max(1, math.ceil(self.step_share * need))

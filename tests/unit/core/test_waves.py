@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 from blendserve.core.policies import HedgePolicy, PolicySpec
 from blendserve.core.vote_value import VoteValue
-from blendserve.core.waves import WIDE_MAX_ROUNDS, WavePlan, expected_log_uncertainty
+from blendserve.core.waves import (
+    MIN_REACH,
+    WIDE_MAX_ROUNDS,
+    WavePlan,
+    expected_log_uncertainty,
+)
 from blendserve.sim.runner import run_sc
 from blendserve.sim.synthetic import synthetic
 from blendserve.sim.waves import run_waves
@@ -37,6 +42,19 @@ def test_a_widened_plan_has_a_round_fewer_and_grows_a_question_further() -> None
     # A contested question's next wave is bounded by its growth.
     assert plan.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) == 6
     assert wide.wave(3, 3, 6, -10.0, limit=100, rounds_left=2) > 6
+
+
+def test_a_plan_of_few_rounds_lets_a_question_grow_min_reach_times_its_first_wave() -> None:
+    assert WavePlan(max_rounds=4).reach(4, 1) == 8  # four or three rounds: waves double
+    assert WavePlan(max_rounds=3).reach(4, 2) == 4 * MIN_REACH
+    assert WavePlan(max_rounds=2).reach(4, 1) == 4 * MIN_REACH  # its one wave after the first
+
+
+def test_two_rounds_spend_a_flat_batchs_budget() -> None:
+    dataset = synthetic("flat", 64, seed=2)
+    run = run_waves(dataset, PolicySpec("hedge"), 64 * 16, seed=0, plan=WavePlan(max_rounds=2))
+    assert run.waves == 2
+    assert run.spent >= 0.95 * 64 * 16  # doubling after a first wave of 0.35: 0.7 of it
 
 
 def test_a_unanimous_question_is_expected_surer_than_a_contested_one() -> None:
