@@ -142,7 +142,7 @@ class WavePlan:
         (with two rounds, doubling would leave a third of a batch's budget unspent)."""
         if self.max_rounds < 2:
             return self.growth
-        return max(self.growth, MIN_REACH ** (1.0 / (self.max_rounds - 1)) - 1.0)
+        return max(self.growth, float(MIN_REACH ** (1.0 / (self.max_rounds - 1))) - 1.0)
 
     def widened(self) -> WavePlan:
         """This plan for an engine with room for half the job at once: at most
