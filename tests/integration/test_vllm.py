@@ -188,11 +188,14 @@ def test_v1_n_samples(service: str) -> None:
 
 def test_a_question_that_settles_leaves_nothing_running(service: str, upstream: str) -> None:
     finished = vllm_metric(upstream, "vllm:request_success_total")
-    result = _solve(service, "What is 2 plus 2? Answer with just the number.", budget=24,
-                    concurrency=8, sampling={"temperature": 0.3, "max_tokens": 200})  # fmt: skip
+    # Sample by sample, so that only the budget bounds it: a dissent or two among the samples
+    # must not run a plan's rounds out before the question settles.
+    result = _solve(service, "What is 2 plus 2? Answer with just the number.", budget=32,
+                    concurrency=8, max_rounds=0,
+                    sampling={"temperature": 0.3, "max_tokens": 200})  # fmt: skip
     (answer,) = result["answers"]
-    assert answer["answer"] == "4" and answer["settled_early"]
-    assert result["budget"]["spent"] < 24
+    assert answer["answer"] == "4" and answer["settled_early"], answer
+    assert result["budget"]["spent"] < 32
     # Whatever was still sampling when it settled was aborted, not run out (200 tokens, about
     # 16 s): vLLM runs nothing once its scheduler has seen the aborts.
     wait_until(lambda: vllm_metric(upstream, RUNNING) == 0, 3, "vLLM to abort the samples")
