@@ -146,7 +146,8 @@ class WavePlan:
 
     def widened(self) -> WavePlan:
         """This plan for an engine with room for half the job at once: at most
-        :data:`WIDE_MAX_ROUNDS` rounds, each later wave up to tripling a question's samples.
+        :data:`WIDE_MAX_ROUNDS` rounds, each later wave up to tripling a question's samples
+        (quadrupling with two rounds: :attr:`wave_growth`).
 
         There a round costs a straggler's whole length at a width that is nearly
         free, so fewer, larger waves end the job sooner; the growth lets the
