@@ -40,7 +40,9 @@ from scipy import special
 from blendserve.core.flatness import PROBE
 
 __all__ = [
+    "DEFAULT_FIRST_SHARE",
     "DEFAULT_MAX_ROUNDS",
+    "FEW_ROUNDS_FIRST_SHARE",
     "MIN_REACH",
     "WIDE_GROWTH",
     "WIDE_MAX_ROUNDS",
@@ -59,6 +61,11 @@ WIDE_GROWTH = 2.0
 #: A question's samples may grow at least this many times over its first wave in its
 #: rounds, whatever ``max_rounds``: what three rounds that double allow.
 MIN_REACH = 4.0
+#: The first wave's share of the mean budget per question, by default.
+DEFAULT_FIRST_SHARE = 0.35
+#: ... and with fewer rounds than :data:`DEFAULT_MAX_ROUNDS`: a question's last wave
+#: is then planned on fewer votes, so the first wave buys more of them.
+FEW_ROUNDS_FIRST_SHARE = 0.5
 
 # The shares p1, p2 are estimated with this many pseudo-votes each (a
 # unanimous question is not taken as certain).
@@ -115,7 +122,10 @@ class WavePlan:
             is expected to need).
         first_share: the first wave, as a share of the mean budget per
             question (at least :data:`~blendserve.core.flatness.PROBE`
-            samples, so the batch's flatness is known after it).
+            samples, so the batch's flatness is known after it); None:
+            :data:`DEFAULT_FIRST_SHARE`, or :data:`FEW_ROUNDS_FIRST_SHARE`
+            with fewer rounds than :data:`DEFAULT_MAX_ROUNDS`
+            (:attr:`wave_first_share`).
         step_share: a wave that is not the question's last sends this share of
             what the question is expected to need.
         growth: a wave adds at most this many times the samples a question has
@@ -125,15 +135,25 @@ class WavePlan:
     """
 
     max_rounds: int = DEFAULT_MAX_ROUNDS
-    first_share: float = 0.35
+    first_share: float | None = None
     step_share: float = 0.5
     growth: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
             raise ValueError(f"max_rounds must be at least 1, got {self.max_rounds}")
-        if not 0.0 < self.first_share <= 1.0 or not 0.0 < self.step_share <= 1.0:
+        if not 0.0 < self.wave_first_share <= 1.0 or not 0.0 < self.step_share <= 1.0:
             raise ValueError("first_share and step_share must be in (0, 1]")
+
+    @property
+    def wave_first_share(self) -> float:
+        """The first wave's share of the budget: :attr:`first_share`, else by the rounds (with
+        two or three, half: the last wave is planned on the first's votes, or nearly)."""
+        if self.first_share is not None:
+            return self.first_share
+        if 1 < self.max_rounds < DEFAULT_MAX_ROUNDS:
+            return FEW_ROUNDS_FIRST_SHARE
+        return DEFAULT_FIRST_SHARE
 
     @property
     def wave_growth(self) -> float:
@@ -152,15 +172,21 @@ class WavePlan:
         There a round costs a straggler's whole length at a width that is nearly
         free, so fewer, larger waves end the job sooner; the growth lets the
         contested questions still take the budget in fewer rounds. Chosen on the
-        flat and LLM-like families (docs/benchmarks.md).
+        flat and LLM-like families (docs/benchmarks.md). Its first wave is the
+        plan's it widens: a larger one changed nothing there.
         """
-        return replace(self, max_rounds=min(self.max_rounds, WIDE_MAX_ROUNDS), growth=WIDE_GROWTH)
+        return replace(
+            self,
+            max_rounds=min(self.max_rounds, WIDE_MAX_ROUNDS),
+            growth=WIDE_GROWTH,
+            first_share=self.wave_first_share,
+        )
 
     def first_wave(self, budget_per_question: float) -> int:
         """Samples of every question's first wave (all of them with one round only)."""
         if self.max_rounds == 1:
             return max(1, math.floor(budget_per_question))
-        wave = max(PROBE, round(self.first_share * budget_per_question))
+        wave = max(PROBE, round(self.wave_first_share * budget_per_question))
         return max(1, min(wave, math.floor(budget_per_question)))
 
     def wave(

@@ -33,6 +33,15 @@ def test_the_first_wave_is_a_share_of_the_budget_and_at_least_the_probe() -> Non
     assert WavePlan(max_rounds=1).first_wave(8.7) == 8  # one round: all of it
 
 
+def test_a_plan_of_two_or_three_rounds_sends_half_the_budget_first() -> None:
+    assert WavePlan(max_rounds=4).first_wave(20) == 7
+    assert WavePlan(max_rounds=3).first_wave(20) == WavePlan(max_rounds=2).first_wave(20) == 10
+    assert WavePlan(max_rounds=2, first_share=0.35).first_wave(20) == 7  # asked for: kept
+    # A widened plan sends the first wave of the plan it widens.
+    assert WavePlan(max_rounds=4).widened().first_wave(20) == 7
+    assert WavePlan(max_rounds=3).widened().first_wave(20) == 10
+
+
 def test_a_widened_plan_has_a_round_fewer_and_grows_a_question_further() -> None:
     plan = WavePlan(max_rounds=4)
     wide = plan.widened()
