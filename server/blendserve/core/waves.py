@@ -63,8 +63,8 @@ WIDE_GROWTH = 2.0
 MIN_REACH = 4.0
 #: The first wave's share of the mean budget per question, by default.
 DEFAULT_FIRST_SHARE = 0.35
-#: ... and with fewer rounds than :data:`DEFAULT_MAX_ROUNDS`: a question's last wave
-#: is then planned on fewer votes, so the first wave buys more of them.
+#: The share with fewer rounds than :data:`DEFAULT_MAX_ROUNDS` (2 or 3): a question's
+#: last wave is then planned on fewer votes, so the first wave buys more of them.
 FEW_ROUNDS_FIRST_SHARE = 0.5
 
 # The shares p1, p2 are estimated with this many pseudo-votes each (a
