@@ -425,6 +425,8 @@ def _refuses_connections(url: str) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+    except OSError:  # reset in the backlog as the listener closed, or timed out: ask again
+        return False
 
 
 def _events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
