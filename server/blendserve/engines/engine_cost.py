@@ -18,6 +18,16 @@ they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
 their context (``a, b, c >= 0``; a prompt token need not cost a sequence's),
 each weighed by its steps (relative error); before that, the profile scaled
 to their level (its shape, their speed); before any, the profile as it is.
+
+What an engine's series say is checked before it is used, for a ``/metrics``
+endpoint can say anything: a value that no counter can hold (not finite,
+negative, past :data:`MAX_COUNTER`, a request count that is not whole) is
+left out of the reading; a reading whose counters went down, or lost a
+series, or that makes the mean context absurd (outside ``0..MAX_CONTEXT``)
+starts over as after a restart; an observation of more than
+:data:`MAX_CONTEXT` tokens a step, or of a step shorter than
+:data:`MIN_STEP_MS`, is not made. So the fit, its context and ``/health`` stay
+finite and plausible whatever an upstream reports.
 """
 
 from __future__ import annotations
@@ -36,7 +46,10 @@ from blendserve.stats import NO_STATS, Stats
 
 __all__ = [
     "COST_SERIES",
+    "MAX_CONTEXT",
+    "MAX_COUNTER",
     "MIN_STEPS",
+    "MIN_STEP_MS",
     "MIN_WIDTH_SPREAD",
     "REPORTED_WIDTHS",
     "WINDOW",
@@ -68,15 +81,42 @@ MIN_WIDTH_SPREAD = 2.0
 #: Widths at which ``/metrics`` and ``/health`` show the step time.
 REPORTED_WIDTHS = (1, 8, 32, 128, 512)
 _DEFAULT_CTX = 1024.0
+#: The largest mean context (tokens) taken from an engine's series: larger than any model's
+#: window, so a larger one is a lie.
+MAX_CONTEXT = 10_000_000.0
+#: The largest value a counter of these series may hold: past 2**53 a float no longer holds
+#: every whole number, so a token or request counter there is no real one.
+MAX_COUNTER = float(2**53)
+#: The shortest decode step believed (ms): no engine steps a model a thousand times a
+#: millisecond, so fewer milliseconds a step are a step count that lies.
+MIN_STEP_MS = 1e-3
+# Series that count requests: whole numbers, the divisor of the mean context.
+_WHOLE = frozenset({f"{_PROMPT}_count", f"{_GENERATION}_count"})
+
+
+def _holdable(name: str, value: float) -> bool:
+    """Whether a counter of series ``name`` can hold ``value``."""
+    if not (math.isfinite(value) and 0.0 <= value <= MAX_COUNTER):
+        return False
+    return name not in _WHOLE or float(value).is_integer()
 
 
 def cost_counters(samples: Iterable[tuple[str, float]]) -> dict[str, float]:
-    """The :data:`COST_SERIES` among ``(name, value)`` samples, each summed over its label sets."""
+    """The :data:`COST_SERIES` among ``(name, value)`` samples, each summed over its label sets.
+
+    A series with a value no counter can hold (not finite, negative, past
+    :data:`MAX_COUNTER`, a request count that is not whole), in any label set
+    or summed, is left out.
+    """
     totals: dict[str, float] = {}
+    bad: set[str] = set()
     for name, value in samples:
-        if name in COST_SERIES and math.isfinite(value):
-            totals[name] = totals.get(name, 0.0) + value
-    return totals
+        if name in COST_SERIES:
+            if _holdable(name, value):
+                totals[name] = totals.get(name, 0.0) + value
+            else:
+                bad.add(name)
+    return {name: v for name, v in totals.items() if name not in bad and _holdable(name, v)}
 
 
 @dataclass(frozen=True)
@@ -130,6 +170,19 @@ def _context_delta(now: Mapping[str, float], first: Mapping[str, float]) -> tupl
     return tokens, delta(f"{_PROMPT}_count")
 
 
+def _went_down(now: Mapping[str, float], before: Mapping[str, float]) -> bool:
+    """Whether a series of ``before`` is lower in ``now``, or gone from it."""
+    return any(now.get(name, -math.inf) < value for name, value in before.items())
+
+
+def _plausible_context(tokens: float, requests: float) -> bool:
+    """Whether ``requests`` finished requests of ``tokens`` context tokens in all make a mean
+    context an engine can have (none finished: nothing to judge)."""
+    if not (math.isfinite(tokens) and math.isfinite(requests)) or tokens < 0 or requests < 0:
+        return False
+    return requests == 0 or tokens / requests <= MAX_CONTEXT
+
+
 class EngineCost:
     """The engine's step cost: a prior profile, observations from vLLM's series, their fit.
 
@@ -169,7 +222,9 @@ class EngineCost:
         for source, first in self._first.items():
             more, count = _context_delta(self._last[source].counters, first)
             tokens, requests = tokens + more, requests + count
-        return tokens / requests if requests > 0 else _DEFAULT_CTX
+        ctx = tokens / requests if requests > 0 else _DEFAULT_CTX
+        # observe() keeps no reading that makes it otherwise; this only keeps that promise.
+        return ctx if 0.0 <= ctx <= MAX_CONTEXT else _DEFAULT_CTX
 
     @property
     def current(self) -> StepCost | None:
@@ -192,12 +247,22 @@ class EngineCost:
         made while it idled, or after a break since the last kept one, starts
         the next observation; one with fewer than :data:`MIN_STEPS` steps
         since the last kept waits for the next, and one whose counters went
-        down (a restarted engine) starts over.
+        down or lost a series (a restarted engine) starts over, and so does one
+        that would make the mean context absurd (outside ``0..MAX_CONTEXT``
+        tokens): a lie is never used, and a one-off jump of a counter does not
+        stop the learning for good. An observation of more than
+        :data:`MAX_CONTEXT` tokens or less than :data:`MIN_STEP_MS` a step is
+        not made (the reading still starts the next one).
         """
-        reading = _Reading(dict(counters), at)
+        counters = cost_counters(counters.items())  # whoever read them, checked here
+        reading = _Reading(counters, at)
         before = self._last.get(source)
         steps_name = f"{_STEPS}_count"
-        if before is None or counters.get(steps_name, 0.0) < before.counters.get(steps_name, 0.0):
+        if (
+            before is None
+            or _went_down(counters, before.counters)
+            or not _plausible_context(*_context_delta(counters, self._first[source]))
+        ):
             self._last[source] = reading
             self._first[source] = reading.counters
             return None
@@ -213,11 +278,12 @@ class EngineCost:
             return counters.get(name, 0.0) - before.counters.get(name, 0.0)
 
         tokens, sampled = delta(f"{_STEPS}_sum"), delta(_SAMPLED)
-        if tokens <= 0 or at <= before.at:
+        ms = 1000 * (at - before.at) / steps
+        if tokens <= 0 or tokens / steps > MAX_CONTEXT or not ms >= MIN_STEP_MS:
             return None
         prompt = max(0.0, tokens - sampled) if _SAMPLED in counters else 0.0
         width = max(1.0, (tokens - prompt) / steps)
-        point = CostPoint(width, 1000 * (at - before.at) / steps, steps, prompt / steps)
+        point = CostPoint(width, ms, steps, prompt / steps)
         self.points.append(point)
         self._fit = self._refit()
         self.report()

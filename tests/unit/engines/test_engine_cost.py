@@ -215,3 +215,51 @@ def test_the_context_is_of_the_requests_finished_since_the_first_reading() -> No
     observe(cost, counters)
     described = cost.describe()
     assert described is not None and described["context"] == 40  # 30 + 20 / 2
+
+
+def test_values_no_counter_holds_leave_their_series_out() -> None:
+    text = """\
+vllm:iteration_tokens_total_count{engine="0"} 3.0
+vllm:iteration_tokens_total_sum{engine="0"} 1.7e308
+vllm:iteration_tokens_total_sum{engine="1"} 1.7e308
+vllm:request_prompt_tokens_count 1e-300
+vllm:request_prompt_tokens_sum -5
+vllm:request_generation_tokens_count{engine="0"} 2
+vllm:request_generation_tokens_count{engine="1"} +Inf
+vllm:request_generation_tokens_sum 9007199254740993
+vllm:generation_tokens_total 12
+"""
+    assert parse_cost(text) == {
+        "vllm:iteration_tokens_total_count": 3.0,
+        "vllm:generation_tokens_total": 12.0,
+    }
+
+
+def test_a_lying_reading_never_makes_the_context_absurd_and_learning_goes_on() -> None:
+    """A one-off jump of the prompt tokens (a mean context of a hundred million tokens)
+    starts over, as a restart does: the context stays plausible, and the readings after
+    it are observed as before."""
+    cost = EngineCost(TRUE)
+    counters = Counters(TRUE, prompt=30, generation=20)
+    feed(cost, counters, [4], rounds=1)
+    counters.values["vllm:request_prompt_tokens_sum"] += 1e8
+    counters.run(4, 50)
+    assert observe(cost, counters) is None
+    described = cost.describe()
+    assert described is not None and described["context"] == 1024  # none finished since
+    counters.run(4, 50)
+    point = observe(cost, counters)
+    assert point is not None and point.ms == pytest.approx(TRUE.step_ms(4, 40))
+    described = cost.describe()
+    assert described is not None and described["context"] == 40  # 30 + 20 / 2
+
+
+def test_a_step_count_that_lies_makes_no_observation() -> None:
+    cost = EngineCost()
+    counters = Counters(TRUE)
+    observe(cost, counters)
+    counters.run(4, 50)
+    counters.values["vllm:iteration_tokens_total_count"] += 1e12  # a million steps a ms
+    assert observe(cost, counters) is None and not cost.points
+    counters.run(4, 50)
+    assert observe(cost, counters) is not None  # it starts the next one
