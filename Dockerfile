@@ -26,8 +26,14 @@ ENV PATH=/opt/blendserve/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     BLENDSERVE_HOST=0.0.0.0 \
     BLENDSERVE_PORT=8000 \
-    BLENDSERVE_MODEL_CACHE_DIR=/home/blendserve/.cache/blendserve/models
+    BLENDSERVE_MODEL_CACHE_DIR=/home/blendserve/.cache/blendserve/models \
+    NUMBA_CACHE_DIR=/home/blendserve/.cache/numba
 USER blendserve
+# Blend-ASC's kernels compiled now, as the image's user, into numba's cache in the image.
+# The code's own __pycache__ is root's, so numba would cache in the user's home, empty in
+# every new container: each would compile them again at its first job. A host whose CPU
+# differs from the build machine's compiles them once more, into the same cache.
+RUN python -c "from blendserve.core.policies.blend import warm_up; warm_up()"
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"

@@ -98,3 +98,19 @@ def test_dockerfile_runs_as_a_user_with_a_healthcheck() -> None:
     assert re.search(r"^USER blendserve$", dockerfile, re.M)
     assert re.search(r"^HEALTHCHECK .*\n.*/health", dockerfile, re.M)
     assert "-slim" in dockerfile
+
+
+def test_dockerfile_builds_numbas_cache_as_its_user() -> None:
+    """Blend-ASC's kernels are compiled at build time, by the user the image runs as, into a
+    cache directory of that user's: a new container loads them instead of compiling."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    final = dockerfile[dockerfile.rindex("\nFROM ") :]
+    cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", final)
+    assert cache is not None and cache.group(1).startswith("/home/blendserve/"), cache
+    user = final.index("\nUSER blendserve\n")
+    warm = re.search(r"^RUN python -c .*warm_up\(\)", final, re.M)
+    assert warm is not None and warm.start() > user, "the kernels are compiled as the user"
+    assert "from blendserve.core.policies.blend import warm_up" in warm.group(0)
+    from blendserve.core.policies import blend
+
+    assert callable(blend.warm_up)
