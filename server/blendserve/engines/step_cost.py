@@ -13,6 +13,7 @@ blendserve (:data:`SHIPPED`, named like ``qwen2.5-7b-h100``).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.resources import files
@@ -24,9 +25,61 @@ from scipy import optimize
 
 from blendserve._jsonl import read_jsonl
 
-__all__ = ["SHIPPED", "StepCost", "load_step_cost"]
+__all__ = ["MAX_BATCH", "MAX_CONTEXT", "MAX_STEP_MS", "SHIPPED", "StepCost", "load_step_cost"]
 
 _SHIPPED_FILE = "step_costs.json"
+
+#: The widest step a profile point may have: beyond any engine's sequences at once.
+MAX_BATCH = 1 << 20
+#: The longest context a profile point may have, in tokens: beyond any model's window.
+MAX_CONTEXT = 1 << 24
+#: The longest decode step a profile point may have, in ms: a minute a token is no engine.
+MAX_STEP_MS = 60_000.0
+#: The shortest, in ms (a nanosecond): a shorter step is a measurement gone wrong,
+#: and would overflow the fit's relative weights.
+MIN_STEP_MS = 1e-6
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float, if it is a JSON number that is one (None: it is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error line: a long one (an integer of 400 digits) is cut short."""
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= 32 else f"{text[:24]}... ({len(text)} characters)"
+
+
+def _checked(point: Mapping[str, Any]) -> tuple[float, float, float]:
+    """A profile point's ``batch``, ``ctx`` and ``ms_median``, each checked.
+
+    Raises:
+        ValueError: a field is missing, not a number, or out of its range, in one line.
+    """
+    missing = [name for name in ("batch", "ctx", "ms_median") if name not in point]
+    if missing:
+        raise ValueError(f"lacks {' and '.join(missing)}")
+    batch, ctx, ms = (_number(point[name]) for name in ("batch", "ctx", "ms_median"))
+    if batch is None or not batch.is_integer() or not 1 <= batch <= MAX_BATCH:
+        raise ValueError(
+            f"batch must be an integer from 1 to {MAX_BATCH:,}, got {_shown(point['batch'])}"
+        )
+    if ctx is None or not 0 <= ctx <= MAX_CONTEXT:  # NaN fails both
+        raise ValueError(
+            f"ctx must be a number from 0 to {MAX_CONTEXT:,} tokens, got {_shown(point['ctx'])}"
+        )
+    if ms is None or not MIN_STEP_MS <= ms <= MAX_STEP_MS:
+        raise ValueError(
+            f"ms_median must be a number from {MIN_STEP_MS:g} to {MAX_STEP_MS:,.0f} ms, "
+            f"got {_shown(point['ms_median'])}"
+        )
+    return batch, ctx, ms
 
 
 @dataclass(frozen=True)
@@ -62,15 +115,24 @@ class StepCost:
         """The non-negative least-squares fit, in relative error, of ``batch``/``ctx``/``ms_median``
         points.
 
+        Every point is checked first: ``batch`` an integer from 1 to :data:`MAX_BATCH`,
+        ``ctx`` from 0 to :data:`MAX_CONTEXT` tokens, ``ms_median`` from
+        :data:`MIN_STEP_MS` to :data:`MAX_STEP_MS` (JSON numbers, not strings).
+
         Raises:
-            ValueError: fewer than 4 points, or a point without those fields.
+            ValueError: fewer than 4 points, a point without those fields or with one out
+                of its range, or a fit that prices every step at nothing.
         """
         rows = []
         for i, point in enumerate(points):
+            if not isinstance(point, Mapping):
+                raise ValueError(f"profile point {i} is not an object")
             try:
-                rows.append((float(point["batch"]), float(point["ctx"]), float(point["ms_median"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"profile point {i} lacks batch, ctx or ms_median") from exc
+                rows.append(_checked(point))
+            except ValueError as exc:
+                said = str(exc)  # "lacks ..." reads on from the point; the rest are sentences
+                joint = " " if said.startswith("lacks") else ": "
+                raise ValueError(f"profile point {i}{joint}{said}") from None
         if len(rows) < 4:
             raise ValueError(f"a profile needs at least 4 points, got {len(rows)}")
         b, c, ms = np.array(rows).T
@@ -79,6 +141,11 @@ class StepCost:
         # two contexts must not buy a fit with one (a negative base, say).
         coef, _ = optimize.nnls(design, np.ones_like(ms))
         base, per_seq, per_seq_ctx, per_ctx = (float(x) for x in coef)
+        # The checked ranges keep the fit finite; one of no terms at all would make every
+        # step free, a cost model worse than none.
+        terms = (base, per_seq, per_seq_ctx, per_ctx)
+        if not all(math.isfinite(t) for t in terms) or not any(t > 0 for t in terms):
+            raise ValueError(f"the profile's points fit no usable step cost ({terms})")
         return cls(base, per_seq, per_seq_ctx, per_ctx, name)
 
     def worst_error(self, points: Iterable[Mapping[str, Any]]) -> float:
@@ -106,7 +173,9 @@ def load_step_cost(name_or_path: str | Path, model: str | None = None) -> StepCo
     """A shipped fit by name, else the fit of a JSONL profile's points (of ``model``, if given).
 
     Raises:
-        ValueError: neither a shipped name nor a readable profile with enough points.
+        ValueError: neither a shipped name nor a readable profile with enough points,
+            or a point out of range (see :meth:`StepCost.fit`); one line, naming the
+            file and the line at fault.
     """
     if str(name_or_path) in SHIPPED:
         return SHIPPED[str(name_or_path)]
@@ -119,5 +188,12 @@ def load_step_cost(name_or_path: str | Path, model: str | None = None) -> StepCo
         if not isinstance(point, dict):
             raise ValueError(f"{path}:{lineno}: not a JSON object")
         if model is None or point.get("model") == model:
+            try:
+                _checked(point)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
             points.append(point)
-    return StepCost.fit(points, name=path.name if model is None else f"{path.name}:{model}")
+    try:
+        return StepCost.fit(points, name=path.name if model is None else f"{path.name}:{model}")
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

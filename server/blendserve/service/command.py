@@ -64,19 +64,30 @@ def read_settings(args: argparse.Namespace) -> Settings:
 
 
 def _check_data(settings: Settings) -> None:
-    """Reads the replay engine's data and profile once before serving: a bad file is one line.
+    """Reads the engine's profile, and the replay engine's data and profile, once before
+    serving: a bad file is one line, not a traceback from the engine's start.
 
     Raises:
-        ValueError: a file cannot be read, or a line of it is not a record.
+        ValueError: a file cannot be read, or a line of it is not a record (the
+            message starts with the flag's subject: ``engine profile`` or ``replay``).
     """
+    from blendserve.engines.step_cost import load_step_cost
+
     config = settings.engine_config()
+    if config.engine_profile is not None:
+        try:
+            load_step_cost(config.engine_profile)
+        except ValueError as exc:
+            raise ValueError(f"engine profile: {exc}") from None
     if config.resolved_kind() == "replay" and config.data is not None:
         from blendserve.engines.replay import ReplayEngine
-        from blendserve.engines.step_cost import load_step_cost
 
-        ReplayEngine(config.data)
-        if config.replay_profile is not None:
-            load_step_cost(config.replay_profile)
+        try:
+            ReplayEngine(config.data)
+            if config.replay_profile is not None:
+                load_step_cost(config.replay_profile)
+        except ValueError as exc:
+            raise ValueError(f"replay: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_data(settings)
     except ValueError as exc:
-        print(f"blendserve serve: error: replay: {exc}", file=sys.stderr)
+        print(f"blendserve serve: error: {exc}", file=sys.stderr)
         return 2
     # On SIGTERM the server stops accepting, lets running jobs finish for
     # shutdown_grace_s, then cancels the rest, which cancels their upstream requests.
