@@ -33,6 +33,7 @@ from blendserve.errors import EngineError, EngineTimeout, UpstreamRejected
 
 __all__ = [
     "MIN_POINTS",
+    "SPREAD_WARNING",
     "CalibrationError",
     "Grid",
     "Point",
@@ -55,6 +56,19 @@ NOISE_RETRIES = 2
 #: Characters per prompt token guessed before the engine has counted one (digits and
 #: commas are a token each in some tokenizers).
 _CHARS_PER_TOKEN = 2.0
+#: How far apart (largest over smallest) a point's repetitions may be before calibrate
+#: warns that the engine's speed changed while it was measured (or the host was busy):
+#: a steady engine's repetitions stay well within it (docs/engines.md).
+SPREAD_WARNING = 3.0
+#: The most tokens any count of the engine's may be: beyond it a count is not believed.
+MAX_TOKENS_COUNTED = 2**31
+#: The most completion tokens a sample may report, in ``max_tokens`` asked: an engine
+#: makes at most ``max_tokens``; twice leaves room for one that counts loosely.
+COMPLETION_SLACK = 2
+#: Prompt tokens a request may report beyond one a character of its prompt (the
+#: prompt is ASCII: no tokenizer makes more tokens than characters of it), for
+#: a chat template's own tokens.
+TEMPLATE_TOKENS = 1024
 
 #: Hears each line of progress.
 Progress = Callable[[str], None]
@@ -222,7 +236,18 @@ class _Prober:
         if not samples:
             raise CalibrationError(f"the engine returned no samples at {where}")
         tokens = max(s.completion_tokens for s in samples)
-        return wall, tokens, max(s.prompt_tokens for s in samples), len(prompt)
+        prompt_tokens = max(s.prompt_tokens for s in samples)
+        if tokens > min(MAX_TOKENS_COUNTED, COMPLETION_SLACK * max_tokens):
+            raise CalibrationError(
+                f"the engine reports {_count(tokens)} completion tokens for a sample of "
+                f"max_tokens {max_tokens} at {where}: its token counts cannot be believed"
+            )
+        if prompt_tokens > min(MAX_TOKENS_COUNTED, len(prompt) + TEMPLATE_TOKENS):
+            raise CalibrationError(
+                f"the engine reports {_count(prompt_tokens)} prompt tokens for a prompt of "
+                f"{len(prompt)} characters at {where}: its token counts cannot be believed"
+            )
+        return wall, tokens, prompt_tokens, len(prompt)
 
     async def warm_up(self) -> None:
         """One unrecorded request of two samples; it learns the prompt's characters per token.
@@ -287,6 +312,8 @@ class _Prober:
             made.append((tokens_short + tokens_long) / 2)
         prompt = statistics.median(prompts) or float(context)  # 0: the engine did not count it
         ctx = prompt + statistics.median(made)
+        if statistics.median(steps) > 0:  # else measured again (see point)
+            self._check_spread(width, context, steps)
         return Point(
             width,
             context,
@@ -298,6 +325,23 @@ class _Prober:
             (short, long),
             prompt,
         )
+
+    def _check_spread(self, width: int, context: int, steps: Sequence[float]) -> None:
+        """Warns where the repetitions of a point lie more than :data:`SPREAD_WARNING` apart."""
+        low, high = min(steps), max(steps)
+        if len(steps) > 1 and not high <= SPREAD_WARNING * low:  # a step of <= 0 ms: too
+            self.progress(
+                f"warning: width {width}, context {context}: its {len(steps)} repetitions "
+                f"measured {low:.3g} to {high:.3g} ms per step, more than "
+                f"{SPREAD_WARNING:g}x apart: the engine's speed changed while it was "
+                "measured, or the host is busy; the point is their median"
+            )
+
+
+def _count(tokens: int) -> str:
+    """A token count for an error line: an absurd one by its digits."""
+    digits = len(str(tokens))
+    return f"{tokens:,}" if digits <= 15 else f"a {digits}-digit number of"
 
 
 def _too_short(width: int, context: int, made: tuple[int, int], asked: tuple[int, int]) -> str:
@@ -591,7 +635,10 @@ def run(args: argparse.Namespace) -> int:
                 f"only {len(points)} points were measured: the fit needs {MIN_POINTS}"
             )
         records = [p.record(engine=engine_name, model=model) for p in points]
-        fit = StepCost.fit(records, name=args.out.name)
+        try:
+            fit = StepCost.fit(records, name=args.out.name)
+        except ValueError as exc:  # a point out of range: nothing worth writing
+            raise CalibrationError(f"the measured points make no profile: {exc}") from exc
         try:
             write_profile(args.out, records)
         except OSError as exc:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from blendserve.calibrate import CalibrationError, Grid, describe, measure
+from blendserve.calibrate import CalibrationError, Grid, Point, describe, measure
 from blendserve.cli import main
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.engines.config import Timeouts
@@ -251,6 +251,71 @@ def test_an_engine_that_stops_too_early(tmp_path: Path, capfd: pytest.CaptureFix
         assert calibrate(server.url, out, *GRID) == 1
     line = _one_line_error(capfd)
     assert "stops too early to be measured" in line and "--tokens" in line
+
+
+@pytest.mark.parametrize(
+    ("knobs", "says"),
+    [
+        # Counts past any model's (a billion times what was asked, 10**400 tokens) are
+        # refused as the engine reads them, or by calibrate: one line either way.
+        ({"token_scale": 10**9}, "tokens"),
+        ({"prompt_tokens": 10**400}, "tokens"),
+        # Counts an engine may hold but not for what was asked: calibrate's own check.
+        ({"token_scale": 1000}, "reports 5,000 completion tokens for a sample of max_tokens 5"),
+        ({"prompt_tokens": 10**6}, "reports 1,000,000 prompt tokens for a prompt of"),
+    ],
+    ids=["a-billion-times", "a-400-digit-prompt", "a-thousand-times", "a-million-prompt"],
+)
+def test_an_upstream_whose_token_counts_are_absurd(
+    knobs: dict[str, int], says: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "profile.jsonl"
+    state = FakeState(step_cost=(PER_STEP, PER_SEQUENCE), record=False, **knobs)
+    with FakeServer(state) as server:
+        assert calibrate(server.url, out, *GRID) == 1
+    line = _one_line_error(capfd)
+    assert says in line and "width 2, context 64 (5 tokens, warm-up)" in line, line
+    assert len(line) < 300, line
+    assert not out.exists()
+
+
+def test_an_engine_whose_speed_changes_mid_point_is_warned_of(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Twentyfold faster from the 4th request: the warm-up and the first repetition of
+    # the first point take 30 ms a step of width 1, its second 1.5 ms, as every later one.
+    state = FakeState(step_cost=(0.02, 0.01), speed_change=(4, 1 / 20), record=False)
+    out = tmp_path / "profile.jsonl"
+    with FakeServer(state) as server:
+        code = calibrate(server.url, out, "--widths", "1,4", "--contexts", "32,64",
+                         "--tokens", "5,45", "--reps", "2")  # fmt: skip
+    err = capfd.readouterr().err
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings, err
+    first = warnings[0]
+    assert first.startswith("warning: width 1, context 32: its 2 repetitions measured"), first
+    assert "more than 3x apart: the engine's speed changed" in first
+    assert len(out.read_text().splitlines()) == 4  # a warning, not a refusal
+
+
+def test_points_of_no_measurable_step_are_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # What an engine inflating its counts, short of calibrate's bounds, would measure:
+    # every step a femtosecond, 0 ms once written.
+    points = [Point(w, c, c + 10.0, 1e-12, 1e-12, 5.0, 2, (5, 25), float(c))
+              for c in (64, 256) for w in (1, 4)]  # fmt: skip
+
+    async def measured(args: object, grid: object) -> tuple[list[Point], str, str]:
+        return points, "fast", "m"
+
+    monkeypatch.setattr("blendserve.calibrate._calibrate", measured)
+    out = tmp_path / "profile.jsonl"
+    assert calibrate("http://127.0.0.1:9/v1", out, *GRID) == 1
+    line = _one_line_error(capfd)
+    assert "the measured points make no profile: profile point 0: ms_median" in line, line
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,10 @@ class FakeState:
     report T completion tokens and the prompt ``len(prompt) // 4`` tokens;
     ``/metrics`` then serves vLLM's step series, priced by the same line at
     the sequences running (:meth:`step_series`).
+    Engines calibrate cannot believe: ``token_scale`` multiplies every token
+    count the usage reports, ``prompt_tokens`` is the prompt's count reported
+    whatever the prompt, ``speed_change`` ``(k, f)`` multiplies ``step_cost``'s
+    times by ``f`` from the k-th completion request on.
     ``extra_metrics``: Prometheus text served after the gauges at ``/metrics``
     (a test writes vLLM's step-cost series there).
     ``die_by``: the process kills itself with this signal at its first
@@ -122,6 +126,9 @@ class FakeState:
     honour_n: bool = True
     latency: float = 0.0
     step_cost: tuple[float, float] | None = None
+    token_scale: int = 1
+    prompt_tokens: int | None = None
+    speed_change: tuple[int, float] | None = None
     fail_next: int = 0
     drop: bool = False
     record: bool = True
@@ -345,6 +352,10 @@ def _usage(state: FakeState, n: int, body: dict[str, Any] | None = None) -> dict
         prompt = body.get("prompt") or json.dumps(body.get("messages"))
         tokens = int(body.get("max_tokens") or 16)
         usage = {"prompt_tokens": len(str(prompt)) // 4, "completion_tokens": tokens * n}
+    if state.prompt_tokens is not None:
+        usage["prompt_tokens"] = state.prompt_tokens
+    for key in ("prompt_tokens", "completion_tokens"):
+        usage[key] *= state.token_scale
     if state.reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": state.reasoning_tokens * n}
     return usage
@@ -443,6 +454,8 @@ def _latency(state: FakeState, body: dict[str, Any], n: int, fault: str | None) 
     if state.step_cost is not None:
         per_step, per_sequence = state.step_cost
         steps = int(body.get("max_tokens") or 16) * (per_step + n * per_sequence)
+        if state.speed_change is not None and state.requests >= state.speed_change[0]:
+            steps *= state.speed_change[1]
         return state.latency + steps
     return state.latency + (state.slow_latency if fault == "slow" else 0.0)
 
