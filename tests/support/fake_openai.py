@@ -112,6 +112,8 @@ class FakeState:
     times by ``f`` from the k-th completion request on.
     ``extra_metrics``: Prometheus text served after the gauges at ``/metrics``
     (a test writes vLLM's step-cost series there).
+    ``slow_every``: every k-th completion request takes ``slow_latency`` more
+    seconds (a straggler); ``slow_answered`` counts those answered, not left.
     ``die_by``: the process kills itself with this signal at its first
     completion request (a crashing server's stand-in; no core file is written).
     Counters: ``requests`` (completion requests received), ``in_flight``,
@@ -154,6 +156,8 @@ class FakeState:
     reasoning_tags: tuple[str, str] = ("<think>", "</think>")
     authorizations: list[str | None] = field(default_factory=list)
     die_by: int = 0
+    slow_every: int = 0
+    slow_answered: int = 0
     extra_metrics: str = ""
     requests: int = 0
     in_flight: int = 0
@@ -427,6 +431,8 @@ async def _complete(
         outcome = "done"
         n = int(body.get("n", 1)) if state.honour_n else 1
         latency = _latency(state, body, n, fault)
+        straggler = state.slow_every > 0 and state.requests % state.slow_every == 0
+        latency += state.slow_latency * straggler
         state.step(body, n)
         if fault == "timeout" and not streamed:
             latency = _HANG_S
@@ -435,6 +441,7 @@ async def _complete(
         if outcome == "disconnected":
             state.disconnects += 1
             return Response(status_code=204)  # nobody is listening
+        state.slow_answered += straggler and outcome == "done"  # a straggler waited out
         if state.drop or fault == "drop" or kill.is_set():
             return _DropConnection()
         if streamed:

@@ -15,7 +15,11 @@ close to its sequential ones:
   than ``concurrency`` (two at least, so that one slow sample does not
   hold up a small job); a lone open question has nothing left to rank and
   takes up to ``concurrency``, as many as it can take before it could stop
-  (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`).
+  (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`);
+- with no known engine capacity, a sample out far longer than the job's
+  others (:mod:`blendserve.core.stragglers`) is refunded to the policy and
+  left running: it holds no slot and is no virtual vote, keeps its budget,
+  and still votes if it comes while its question is open.
 
 On recorded data this keeps the default policy in 64-question jobs at 88-98%
 of its sequential sample efficiency (Blend-ASC, at 0.5 in flight per
@@ -78,6 +82,7 @@ from dataclasses import dataclass
 
 from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy
+from blendserve.core.stragglers import Stragglers
 from blendserve.core.waves import WavePlan
 from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.scheduler.ballots import Ballots
@@ -99,10 +104,14 @@ __all__ = ["Job"]
 
 @dataclass(eq=False)
 class _Request:
-    """An engine request in flight: its question, and the samples it has yet to deliver."""
+    """An engine request in flight: its question, and the samples it has yet to deliver
+    (``left``, the policy's pending samples; ``late``, stragglers refunded to it)."""
 
     question: int
     left: int
+    sent: float  # the event loop's time when it was sent
+    late: int = 0
+    cut: bool = False  # its stragglers were cancelled (counted in DoneEvent.cut)
 
 
 class _AnswerSweeper:
@@ -135,10 +144,19 @@ class Job:
         engine: where samples come from.
         keyer: turns a completion into ``(answer, key)``.
         sink: where the job reports (None: where ``engine`` reports).
+        stragglers: when a sample in flight on an engine of unknown capacity stops
+            holding a slot (None: :class:`~blendserve.core.stragglers.Stragglers`'s
+            defaults).
     """
 
     def __init__(
-        self, spec: JobSpec, engine: Engine, keyer: Keyer, sink: Stats | None = None
+        self,
+        spec: JobSpec,
+        engine: Engine,
+        keyer: Keyer,
+        sink: Stats | None = None,
+        *,
+        stragglers: Stragglers | None = None,
     ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
@@ -183,6 +201,14 @@ class Job:
         self._concurrency = spec.concurrency or DEFAULT_CONCURRENCY  # sample by sample
         self._rounds = [0] * self._num_questions  # waves each question was sent
         self._num_cut = 0  # samples in flight cancelled because their question settled
+        # How long this job's samples take; with no known capacity, one out far longer
+        # than its peers is refunded but left running (see _write_off_stragglers).
+        self._stragglers = stragglers if stragglers is not None else Stragglers()
+        self._straggler_at: float | None = None  # when the next one would, if it is still out
+        self._num_late = 0  # stragglers refunded and still running, their budget held
+        self._num_wasted = 0  # stragglers that came when their question could take none
+        self._late_of: dict[int, int] = {}  # ... by question
+        self._skipped: dict[int, int] = {}  # sample indices of a question's stragglers
 
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests.
@@ -272,9 +298,11 @@ class Job:
         if request is None:
             return None
         left = request.left
-        self.sink.in_flight(-left)
-        self.engine.sequences_in_flight -= left
         q = request.question
+        self._end_late(q, request.late)
+        self.policy.budget += request.late  # never came: their budget is free again
+        self.sink.in_flight(-left - request.late)
+        self.engine.sequences_in_flight -= left + request.late
         self._refund(q, left)
         # Cut samples are counted by request, as they were before samples came one by one:
         # a request's votes that end after its cut samples still count.
@@ -295,25 +323,41 @@ class Job:
     async def _take(self, task: asyncio.Task[None], sample: Sample) -> int | None:
         """Records one sample as it ends and returns its question (None: not awaited)."""
         request = self._in_flight.get(task)
-        if request is None or not request.left:
+        if request is None or not (request.left or request.late):
             return None  # the job wound down, or the engine sent more than asked
-        request.left -= 1
+        q = request.question
+        self._stragglers.observe(asyncio.get_running_loop().time() - request.sent)
         self.sink.in_flight(-1)
         self.engine.sequences_in_flight -= 1
-        await self._record(request.question, sample)
-        return request.question
+        if request.left:
+            request.left -= 1
+        else:
+            # A straggler that came after all: it votes with the budget it held if its
+            # question may still take a sample, else it is spent for nothing.
+            request.late -= 1
+            self._end_late(q, 1)
+            self.policy.budget += 1
+            if self._answered[q] or not self.policy.assign(q, 1):
+                self.policy.budget -= 1
+                self._num_wasted += 1
+                return None
+        await self._record(q, sample)
+        return q
 
     async def _arrived(
         self, failures: FailureStreak, backoff: float
     ) -> list[tuple[asyncio.Task[None], Sample | None]]:
         """Samples and request ends that came, in the order they came, waited for until the
-        backoff ends or the failure streak's deadline passes (the job then gives up: its
-        requests are cancelled, and refunded as they end)."""
+        backoff ends, a sample in flight becomes a straggler, or the failure streak's
+        deadline passes (the job then gives up: its requests are cancelled, and refunded
+        as they end)."""
         now = asyncio.get_running_loop().time
         waits = [backoff] if backoff > 0 else []
         deadline = failures.deadline()
         if deadline is not None:
             waits.append(max(0.0, deadline - now()))
+        if self._straggler_at is not None and self._straggler_at > now():
+            waits.append(self._straggler_at - now())
         try:
             async with asyncio.timeout(min(waits) if waits else None):
                 return await drain(self._arrivals)
@@ -327,6 +371,10 @@ class Job:
         for _ in range(n):
             self.policy.cancel(q)
 
+    def _spent(self) -> int:
+        """Samples spent: the policy's, and stragglers that came too late to vote."""
+        return self.policy.num_dispatched + self._num_wasted
+
     def _done(self, started: float, error: str | None, cause: BaseException | None) -> DoneEvent:
         """Sets the final status and returns the summary."""
         now = asyncio.get_running_loop().time
@@ -334,13 +382,11 @@ class Job:
             self.status, error = JobStatus.CANCELLED, error or self._cancelled
         else:
             self.status = JobStatus.FAILED if error is not None else JobStatus.COMPLETED
-        self._report.end(
-            self.status.name.lower(), self.spec.budget, self.policy.num_dispatched, now()
-        )
+        self._report.end(self.status.name.lower(), self.spec.budget, self._spent(), now())
         return DoneEvent(
             status=self.status,
             budget=self.spec.budget,
-            spent=self.policy.num_dispatched,
+            spent=self._spent(),
             usage=self._usage,
             duration_s=now() - started,
             error=error,
@@ -356,13 +402,13 @@ class Job:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
         # Accounted before awaiting: a second cancellation may cut the wait short.
-        sequences = sum(request.left for request in in_flight.values())
+        sequences = sum(request.left + request.late for request in in_flight.values())
         self.sink.in_flight(-sequences)
         self.engine.sequences_in_flight -= sequences
         self._report.end(
             self.status.name.lower(),
             self.spec.budget,
-            self.policy.num_dispatched,
+            self._spent(),
             asyncio.get_running_loop().time(),
         )
         tasks = list(in_flight)
@@ -383,9 +429,13 @@ class Job:
         limit (:meth:`_dispatch_waves`) and others hold less than half of it; else fills the
         free slots one decision at a time, a question chosen k times getting ``n=k``."""
         policy = self.policy
+        load = self.engine.load()
+        if load.capacity is None:
+            self._write_off_stragglers()
         limit = self._in_flight_limit()
+        if self._num_late:  # stragglers are out of the policy's count, not the engine's
+            limit = min(limit, self._concurrency - self._num_late)
         if self._plan is not None:
-            load = self.engine.load()
             free = load.free
             if self.spec.concurrency is not None:
                 free = min(free, self.spec.concurrency - policy.num_pending)
@@ -419,6 +469,60 @@ class Job:
                 break
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
         self._send(sizes, in_flight)
+
+    def _write_off_stragglers(self) -> None:
+        """Refunds the samples in flight that are stragglers, and leaves them running.
+
+        With no known capacity the engine may have room the job cannot see: a
+        sample out far longer than its peers (:mod:`blendserve.core.stragglers`)
+        then no longer holds one of the job's few slots, nor counts as a virtual
+        vote for its question, which may take another sample meanwhile. It
+        still votes if it comes while its question is open (:meth:`_take`),
+        and is cancelled once its question settles. Notes when the next
+        sample in flight would become a straggler, so that a job held at its
+        limit wakes then.
+        """
+        self._straggler_at = None
+        after = self._stragglers.after()
+        if after is None:
+            return
+        now = asyncio.get_running_loop().time()
+        next_at = math.inf
+        for request in self._in_flight.values():
+            if not request.left:
+                continue
+            if now - request.sent <= after:
+                next_at = min(next_at, request.sent + after)
+                continue
+            q, n = request.question, request.left
+            # Refunded to the policy, its budget held: it may still come and vote.
+            self._refund(q, n)
+            self.policy.budget -= n
+            # Its sample indices stay taken: a seeded upstream would repeat the straggler.
+            self._skipped[q] = self._skipped.get(q, 0) + n
+            request.left, request.late = 0, request.late + n
+            self._num_late += n
+            self._late_of[q] = self._late_of.get(q, 0) + n
+        if next_at < math.inf:
+            self._straggler_at = next_at
+
+    def _end_late(self, q: int, n: int) -> None:
+        """Counts ``n`` stragglers of ``q`` as no longer running."""
+        if n:
+            self._num_late -= n
+            left = self._late_of[q] - n
+            if left:
+                self._late_of[q] = left
+            else:
+                del self._late_of[q]
+
+    def _cancel_late(self, q: int) -> None:
+        """Cancels the stragglers of question ``q``, settled: they could change nothing."""
+        for task, request in self._in_flight.items():
+            if request.late and not request.cut and request.question == q:
+                request.cut = True
+                self._num_cut += request.late
+                task.cancel()
 
     def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int] | None:
         """The plan's next waves that fit in ``free`` sequences (the engine's, within the
@@ -455,8 +559,10 @@ class Job:
         """One engine request of ``n = size`` per question (split at the request limit)."""
         policy = self.policy
         limit = self.spec.max_samples_per_request
+        now = asyncio.get_running_loop().time()
         for q, size in sizes.items():
-            first = policy.num_assigned[q] - size  # the index of this dispatch's first sample
+            # The index of this dispatch's first sample (stragglers' indices stay taken).
+            first = policy.num_assigned[q] - size + self._skipped.get(q, 0)
             while size > 0:
                 n = min(size, limit)
                 size -= n
@@ -464,7 +570,7 @@ class Job:
                 first += n
                 task = asyncio.ensure_future(self._stream(request))
                 task.add_done_callback(self._ended)
-                in_flight[task] = _Request(q, n)
+                in_flight[task] = _Request(q, n, now)
                 self.sink.in_flight(n)
                 self.engine.sequences_in_flight += n
 
@@ -510,11 +616,15 @@ class Job:
         for q in candidates:
             if self._answered[q] or policy.num_pending_of[q]:
                 continue
+            if q in self._late_of and not (everything or policy.is_settled(q)):
+                continue  # its stragglers hold budget, and may still come and vote
             if everything or policy.is_finished(q):
                 self._answered[q] = 1
                 # Its answer is out: a failed sample refunded after the budget ran
                 # out must go to a question still waiting, not change a sent answer.
                 policy.stop(q)
+                if q in self._late_of:
+                    self._cancel_late(q)
                 self._num_answered += 1
                 cut = partial or self._cancelled is not None  # cancelled mid-burst
                 event = self._answer(q, cut and not policy.is_settled(q))
@@ -541,8 +651,8 @@ class Job:
     def _progress(self) -> ProgressEvent:
         policy = self.policy
         return ProgressEvent(
-            spent=policy.num_dispatched,
-            completed=policy.num_dispatched - policy.num_pending,
+            spent=self._spent(),
+            completed=self._spent() - policy.num_pending,
             budget=self.spec.budget,
             answered=self._num_answered,
             settled=sum(map(policy.is_settled, range(self._num_questions))),

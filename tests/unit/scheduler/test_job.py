@@ -5,6 +5,7 @@ from typing import Any, TypeVar
 
 import pytest
 from blendserve.core import DEFAULT_POLICY, PolicySpec
+from blendserve.core.stragglers import Stragglers
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError
@@ -373,3 +374,59 @@ def test_a_question_is_cut_by_truncated_samples_since_its_last_vote() -> None:
     # The reply shows why it stopped: a cut completion, not the last abstention.
     assert event.answer is None and event.stopped == "truncated" and event.samples == 4
     assert event.abstained == "so it is" and event.abstained_finish_reason == "length"
+
+
+class _Straggly(FakeEngine):
+    """Unanimous questions ``q0``, ``q1``, ...; requests numbered as ``stalls`` says never
+    return unless cancelled. Counts the most requests it held at once."""
+
+    def __init__(self, questions: int, stalls: Callable[[int], bool], latency: float = 0.0):
+        super().__init__({f"q{i}": [("42", 1.0)] for i in range(questions)}, latency=latency)
+        self._stalls = stalls
+        self._asked = 0
+        self.most_in_flight = 0
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        self._asked += 1
+        self.stall = self._stalls(self._asked)
+        self.most_in_flight = max(self.most_in_flight, self.in_flight + 1)
+        return await super().generate(request)
+
+
+def _unanimous(questions: int, budget: int, **kwargs: Any) -> JobSpec:
+    return JobSpec([Question(f"q{i}", "p") for i in range(questions)], budget, **kwargs)
+
+
+def test_a_job_of_unknown_capacity_does_not_wait_on_stragglers() -> None:
+    """Every fifth sample never returns: held at its five slots (0.25 in flight for each of
+    20 open questions), the job would wait for ever; past its peers' times they stop
+    holding slots, and every question settles while they are still out."""
+    engine = _Straggly(20, lambda n: n % 5 == 0)
+    assert engine.load().capacity is None
+    job = Job(_unanimous(20, 320), engine, last_word, stragglers=Stragglers(floor=0.01))
+    events = run_coroutine(_events(job))
+    answers = [e for e in events if isinstance(e, AnswerEvent)]
+    assert sorted(a.index for a in answers) == list(range(20))
+    assert all(a.answer == "42" and a.settled_early and not a.partial for a in answers)
+    done = events[-1]
+    assert done.status is JobStatus.COMPLETED
+    # More stragglers were out at once than the job has slots, cut once their questions
+    # settled; none of them voted.
+    assert engine.most_in_flight > 5 and engine.cancelled > 5 and engine.in_flight == 0
+    assert done.spent == len(engine.served)
+
+
+@pytest.mark.parametrize(("capacity", "most"), [(None, 64), (64, 5)])
+def test_samples_stop_holding_slots_only_where_the_capacity_is_unknown(
+    capacity: int | None, most: int
+) -> None:
+    """Every sample out longer than the shortest counts as a straggler: with no known
+    capacity the job then takes up to ``concurrency``; with one, its limit stays."""
+    engine = _Straggly(20, lambda n: False, latency=0.01)
+    engine.capacity = capacity
+    spec = _unanimous(20, 320, max_rounds=0)  # sample by sample either way
+    eager = Stragglers(multiple=1e-9, floor=0.0, min_peers=1)
+    events = run_coroutine(_events(Job(spec, engine, last_word, stragglers=eager)))
+    assert events[-1].status is JobStatus.COMPLETED
+    assert (engine.most_in_flight > 5) is (capacity is None)
+    assert engine.most_in_flight <= most
