@@ -13,6 +13,7 @@ can be killed mid-run and restarted on the same port. Run as a module for a
 separate process (benchmarks)::
 
     python -m tests.support.fake_openai --port 0 [--latency S] [--ignore-n]
+        [--endless [--endless-piece N] | --endless-line]
 
 which prints ``PORT <number>`` once bound and serves ``GET /fake/stats``.
 """
@@ -88,7 +89,9 @@ class FakeState:
     more seconds first). Hostile upstreams: ``retry_after`` (answer every
     completion request ``retry_after_status``, 429 by default, with this
     ``Retry-After``; only the next ``retry_after_count`` when that is set),
-    ``endless`` (a streamed answer that never ends), ``pad_bytes`` (each text
+    ``endless`` (a streamed answer that never ends, ``endless_piece``
+    characters an event; ``endless_line``: one that never ends its first line
+    either), ``pad_bytes`` (each text
     padded to this size), ``nested`` (every completion body, streamed chunk
     and ``GET /v1/models`` body is a JSON array nested this deep).
     Reasoning models: ``thoughts`` makes each sample think first, written
@@ -99,6 +102,16 @@ class FakeState:
     ``reasoning_tokens`` reports each sample's thought tokens in
     ``usage.completion_tokens_details``; ``reasoning_tags`` are the tags a raw
     thought is written between.
+    Unusable answers, to completion requests whose body (as JSON text) contains
+    ``target`` (every one when it is empty): ``usage_tokens`` (the usage
+    reports this many completion tokens, per choice too), ``garbage_2xx`` (a
+    200 ``text/html`` error page, as a proxy in front of a dead server
+    answers), ``stream_error`` (streamed: one text chunk, then vLLM's error
+    chunk, ``data: {"error": ...}``, and ``data: [DONE]``), ``bad_chunk``
+    (streamed: this chunk after the first text chunk). ``multiline_data``
+    writes every streamed event as the SSE specification allows and vLLM does
+    not: a comment first, its JSON indented over several ``data:`` lines, CRLF
+    line ends.
     ``authorizations`` records each completion request's ``Authorization``.
     ``step_cost``: an engine whose decode step costs a known time: ``(a, c)``
     seconds make a completion request of ``n`` choices and ``max_tokens`` T
@@ -147,8 +160,16 @@ class FakeState:
     retry_after_status: int = 429
     retry_after_count: int | None = None
     endless: bool = False
+    endless_line: bool = False
+    endless_piece: int = 4096
     pad_bytes: int = 0
     nested: int = 0
+    target: str = ""
+    usage_tokens: int | None = None
+    garbage_2xx: bool = False
+    stream_error: bool = False
+    bad_chunk: Any = None
+    multiline_data: bool = False
     thoughts: str | None = None
     thought: str = THOUGHT
     cut_every: int = 0
@@ -267,8 +288,12 @@ class FakeState:
             )
         )
 
+    def targets(self, body: dict[str, Any]) -> bool:
+        """Whether the unusable-answer knobs apply to a request of ``body``."""
+        return not self.target or self.target in json.dumps(body)
+
     def stats(self) -> dict[str, Any]:
-        hidden = ("bodies", "authorizations")
+        hidden = ("bodies", "authorizations", "bad_chunk")
         return {k: v for k, v in asdict(self).items() if k not in hidden and not k.startswith("_")}
 
 
@@ -334,8 +359,17 @@ async def _wait(request: Request, latency: float, killed: asyncio.Event) -> str:
     return next(waits[t] for t in waits if t in done)
 
 
-def _event(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data)}\n\n"
+def _event(data: dict[str, Any], multiline: bool = False) -> str:
+    if not multiline:
+        return f"data: {json.dumps(data)}\n\n"
+    lines = "".join(f"data: {line}\r\n" for line in json.dumps(data, indent=1).splitlines())
+    return f": a comment\r\n{lines}\r\n"
+
+
+#: What a proxy in front of a dead model server answers, with status 200.
+ERROR_PAGE = "<html><body><h1>502 Bad Gateway</h1><p>upstream unavailable</p></body></html>"
+#: vLLM's chunk for a failure during a stream.
+ERROR_CHUNK = {"error": {"message": "injected failure mid-stream", "type": "Internal", "code": 500}}
 
 
 def _pieces(written: Written, chat: bool) -> list[dict[str, Any]]:
@@ -362,6 +396,8 @@ def _usage(state: FakeState, n: int, body: dict[str, Any] | None = None) -> dict
         usage[key] *= state.token_scale
     if state.reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": state.reasoning_tokens * n}
+    if state.usage_tokens is not None and body is not None and state.targets(body):
+        usage["completion_tokens"] = state.usage_tokens
     return usage
 
 
@@ -373,13 +409,31 @@ async def _chunks(
     body: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
     """``texts`` as OpenAI's streamed chunks; ``stall``: silence after the first chunk."""
+    hostile = body is not None and state.targets(body)
+    multiline = state.multiline_data
+
+    def event(data: dict[str, Any]) -> str:
+        return _event(data, multiline)
+
     try:
+        if state.endless_line:  # a hostile upstream: one line for ever
+            yield 'data: {"choices": [{"index": 0, "delta": {"content": "'
+            while True:
+                yield "x" * 4096
+                await asyncio.sleep(0)
         while state.endless:  # a hostile upstream: chunks for ever
-            yield _event({"choices": [{"index": 0, "delta": {"content": "x" * 4096}}]})
+            piece = "x" * state.endless_piece
+            yield event({"choices": [{"index": 0, "delta": {"content": piece}}]})
             await asyncio.sleep(0)
         for i, written in enumerate(texts):
             for piece in _pieces(written, chat):
-                yield _event({"choices": [{"index": i, **piece}]})
+                yield event({"choices": [{"index": i, **piece}]})
+                if hostile and state.stream_error:
+                    yield event(ERROR_CHUNK)
+                    yield "data: [DONE]\n\n"
+                    return
+                if hostile and state.bad_chunk is not None:
+                    yield event(state.bad_chunk)
                 if stall:
                     await asyncio.sleep(_HANG_S)  # until the client leaves
         ends = [
@@ -388,9 +442,9 @@ async def _chunks(
             else {"index": i, "finish_reason": w.finish_reason, "text": ""}
             for i, w in enumerate(texts)
         ]
-        yield _event({"choices": ends})
+        yield event({"choices": ends})
         if state.stream_usage:
-            yield _event({"choices": [], "usage": _usage(state, len(texts), body)})
+            yield event({"choices": [], "usage": _usage(state, len(texts), body)})
         yield "data: [DONE]\n\n"
         state.samples_served += len(texts)
     except asyncio.CancelledError:
@@ -418,8 +472,9 @@ async def _complete(
         error = {"error": {"message": "slow down"}}
         headers = {"Retry-After": state.retry_after}
         return JSONResponse(error, state.retry_after_status, headers=headers)
-    if state.nested:
-        return _nested(state.nested, streamed=bool(body.get("stream")))
+    unusable = _unusable(state, body)
+    if unusable is not None:
+        return unusable
     fault = state.draw_fault()
     if state.fail_next > 0 or fault == "error":
         state.fail_next = max(0, state.fail_next - 1)
@@ -454,6 +509,15 @@ async def _complete(
         return Response(json.dumps(payload), media_type="application/json")
     finally:
         state.in_flight -= 1
+
+
+def _unusable(state: FakeState, body: dict[str, Any]) -> Response | None:
+    """An unusable answer the knobs ask for (``nested``, ``garbage_2xx``), if any."""
+    if state.nested:
+        return _nested(state.nested, streamed=bool(body.get("stream")))
+    if state.garbage_2xx and state.targets(body):
+        return Response(ERROR_PAGE, media_type="text/html")
+    return None
 
 
 def _latency(state: FakeState, body: dict[str, Any], n: int, fault: str | None) -> float:
@@ -491,6 +555,9 @@ def completion_body(
             choices.append(
                 {"index": i, "text": written.text, "finish_reason": written.finish_reason}
             )
+    if state.usage_tokens is not None and body is not None and state.targets(body):
+        for choice in choices:
+            choice["usage"] = {"completion_tokens": state.usage_tokens}
     return {
         "id": f"cmpl-{state.name}-{state.requests}",
         "object": "chat.completion" if chat else "text_completion",
@@ -722,6 +789,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ignore-n", action="store_true")
     parser.add_argument("--name", default="fake")
     parser.add_argument("--die-by", default=None, help="a signal's name, such as SIGILL")
+    parser.add_argument("--endless", action="store_true", help="streamed answers never end")
+    parser.add_argument("--endless-line", action="store_true", help="nor does their first line")
+    parser.add_argument("--endless-piece", type=int, default=4096, help="characters an event")
     args = parser.parse_args(argv)
     state = FakeState(
         name=args.name,
@@ -729,6 +799,9 @@ def main(argv: list[str] | None = None) -> None:
         latency=args.latency,
         record=False,
         die_by=signal.Signals[args.die_by] if args.die_by else 0,
+        endless=args.endless,
+        endless_line=args.endless_line,
+        endless_piece=args.endless_piece,
     )
     sock = _bind(args.port)
     print(f"PORT {sock.getsockname()[1]}", flush=True)

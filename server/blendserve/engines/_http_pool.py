@@ -12,18 +12,28 @@ import contextlib
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import httpcore2
 import httpx2
 
-from blendserve.engines.openai_wire import collect_events, lines
+from blendserve._cancel import DeadlinePassed, within
+from blendserve.engines.openai_wire import collect_events, server_events
 
 __all__ = ["HttpPool"]
 
 _SHARD_CONNECTIONS = 2  # measured: 1-4 alike, 8 costs 1.4x CPU, 16 costs 3x
 _KEEPALIVE_S = 30.0
+#: The request extension holding what :meth:`HttpPool.post` calls once a connection takes it.
+_SENDING = "blendserve.sending"
 
 
 class _Connection(httpcore2.AsyncConnectionInterface):
@@ -60,6 +70,9 @@ class _Connection(httpcore2.AsyncConnectionInterface):
         if self.abandoned() or self._stuck:
             raise httpcore2.ConnectionNotAvailable()  # the pool finds the request another
         self._started = True
+        sending = request.extensions.get(_SENDING)
+        if sending is not None:
+            sending()
         try:
             response = await self._inner.handle_async_request(request)
         except httpcore2.ConnectionNotAvailable:
@@ -207,6 +220,7 @@ class HttpPool:
         max_response_bytes: int = 64 << 20,
     ) -> None:
         self._owned: list[httpx2.AsyncBaseTransport]
+        self._custom = transport is not None
         if transport is not None:
             self._owned = [transport]
             self._shards = {base: [transport] for base in bases}
@@ -255,19 +269,28 @@ class HttpPool:
         body: bytes,
         collect_stream: bool = False,
         headers: Sequence[tuple[str, str]] = (),
+        sending: Callable[[], None] | None = None,
     ) -> httpx2.Response:
         """POSTs a JSON body to ``base + path``; the response is read in full.
 
-        With ``collect_stream``, a 2xx event stream is read chunk by chunk and
+        With ``collect_stream``, a 2xx event stream is read event by event and
         returned as the equivalent non-streamed JSON response. ``headers`` are
-        sent besides the pool's own.
+        sent besides the pool's own. ``sending`` is called once a connection
+        takes the request (never when none came in time, a pool timeout; it
+        may be called more than once, when a connection turns it away).
+
+        Raises:
+            EngineProtocolError: the 2xx event stream is not a usable completion.
         """
+        extensions: dict[str, Any] = self._streamed_timeout if collect_stream else self._timeout
+        if sending is not None:
+            extensions = {**extensions, _SENDING: sending}
         request = httpx2.Request(
             "POST",
             self._url(base + path),
             content=body,
             headers=[*self._post_headers[base], *headers] if headers else self._post_headers[base],
-            extensions=self._streamed_timeout if collect_stream else self._timeout,
+            extensions=extensions,
         )
         return await self._send(base, request, collect_stream)
 
@@ -309,16 +332,17 @@ class HttpPool:
         if busy[shard] < self._size and not waiting:
             busy[shard] += 1
             return shard
-        turn = asyncio.get_running_loop().create_future()
+        turn: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         waiting.append(turn)
         try:
-            return await asyncio.wait_for(turn, patience)
+            # Not asyncio.wait_for: see blendserve._cancel.within.
+            return await (turn if patience is None else within(_result(turn), patience))
         except BaseException as exc:
             if turn.done() and not turn.cancelled():
                 self.done(base, turn.result())  # handed a shard too late: the next one gets it
             with contextlib.suppress(ValueError):
                 waiting.remove(turn)
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, DeadlinePassed):
                 message = f"no connection within {patience} s"
                 raise httpx2.PoolTimeout(message, request=request) from None
             raise
@@ -359,20 +383,32 @@ class HttpPool:
     ) -> httpx2.Response:
         shard = await self._take(base, request, patience)
         try:
+            sending = request.extensions.get(_SENDING)
+            if sending is not None and self._custom:  # no connection of ours to call it
+                sending()
             raw = await self._shards[base][shard].handle_async_request(request)
             try:
-                if collect_stream and raw.is_success:
-                    # Closing mid-stream (cancellation) makes the upstream stop generating.
-                    events = lines(self.capped(raw.aiter_bytes(), request))
-                    response = httpx2.Response(200, json=await collect_events(events))
-                else:
-                    content = b"".join([c async for c in self.capped(raw.aiter_bytes(), request)])
-                    headers = [
-                        (name, value)
-                        for name, value in raw.headers.multi_items()
-                        if name not in ("content-encoding", "content-length")  # decoded here
-                    ]
-                    response = httpx2.Response(raw.status_code, headers=headers, content=content)
+                # Each layer closed here, outermost first, whatever ends the read: a layer
+                # left to the garbage collector is closed later, on another task.
+                async with (
+                    contextlib.aclosing(raw.aiter_bytes()) as decoded,
+                    contextlib.aclosing(self.capped(decoded, request)) as chunks,
+                ):
+                    if collect_stream and raw.is_success:
+                        # Closing mid-stream (cancellation) makes the upstream stop generating.
+                        async with contextlib.aclosing(server_events(chunks)) as events:
+                            payload = await collect_events(events)
+                        response = httpx2.Response(200, json=payload)
+                    else:
+                        content = b"".join([c async for c in chunks])
+                        headers = [
+                            (name, value)
+                            for name, value in raw.headers.multi_items()
+                            if name not in ("content-encoding", "content-length")  # decoded here
+                        ]
+                        response = httpx2.Response(
+                            raw.status_code, headers=headers, content=content
+                        )
             finally:
                 await raw.aclose()
         finally:
@@ -382,7 +418,7 @@ class HttpPool:
 
     async def capped(
         self, chunks: AsyncIterator[bytes], request: httpx2.Request
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """``chunks`` while their total stays within the response size limit.
 
         Raises:
@@ -401,3 +437,7 @@ class HttpPool:
         """Closes the transports the pool made (a custom one is closed too)."""
         for transport in self._owned:
             await transport.aclose()
+
+
+async def _result(turn: asyncio.Future[int]) -> int:
+    return await turn

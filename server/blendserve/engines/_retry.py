@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import httpx2
 
-from blendserve.errors import EngineTimeout, EngineUnavailable
+from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 
 __all__ = ["RetryPolicy", "Throttles", "exhausted"]
 
@@ -94,6 +94,8 @@ class Throttles:
 
 def exhausted(last: Exception | None, attempts: int) -> Exception:
     """The error of a request whose attempts all failed, ``last`` the last one's."""
+    if isinstance(last, EngineProtocolError):  # an unusable answer: still one, and what it was
+        return EngineProtocolError(f"no usable answer after {attempts} attempt(s): {last}")
     detail = f"after {attempts} attempt(s): {last!r}"
     if isinstance(last, httpx2.TimeoutException) and not isinstance(
         last, (httpx2.ConnectTimeout, httpx2.PoolTimeout)

@@ -30,16 +30,21 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * Samples carry the upstream's usage. With ``stream``, an upstream whose
   streams carry no usage (llama.cpp's server) is asked for a prompt's token
   count once, by a one-token non-streamed request, and the count is kept.
-* 429, 5xx and transport errors are retried at most ``retry.max_retries``
-  times. A retry goes at once to a healthy replica this call has not tried,
+* 429, 5xx, transport errors and unusable answers (a 2xx body or stream
+  that is no completion: an HTML error page, a malformed chunk, an error
+  reported mid-stream, a body over the size limit, a token count over
+  :data:`~blendserve.engines.openai_wire.MAX_TOKENS`) are retried at most
+  ``retry.max_retries`` times. A retry goes at once to a healthy replica this call has not tried,
   if any; otherwise it waits a jittered exponential backoff, or
   ``Retry-After`` when given (capped at 30 s) the first time in a streak of
   a replica's throttled answers (:class:`~blendserve.engines._retry.Throttles`);
   a ``Retry-After`` longer than ``retry.max_retry_after`` ends the call at
   once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
-  Other statuses are not retried. A pool timeout (no pooled connection came
-  in time, see :mod:`blendserve.engines._http_pool`) is retried too, but it
-  is not the replica's failure: it does not count towards its breaker.
+  Other statuses are not retried. 5xx, transport errors and unusable answers
+  count towards the replica's breaker. A pool timeout (no pooled connection
+  came in time, see :mod:`blendserve.engines._http_pool`) is retried too, but
+  it is not the replica's failure: it does not count towards its breaker, and
+  its samples are not counted ``dispatched`` (they never went out).
 * A response body over ``limits.response_bytes`` (an upstream that never
   stops streaming, a runaway completion) fails the attempt as unusable; a forwarded
   reply is cut off there.
@@ -49,8 +54,10 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * Errors: :class:`~blendserve.errors.EngineTimeout` when the call's deadline
   (``request.timeout`` or ``timeouts.call``, covering retries) passes;
   :class:`~blendserve.errors.EngineUnavailable` when retries are exhausted or
-  every replica is out; :class:`~blendserve.errors.EngineProtocolError` for
-  other statuses and unusable bodies. The httpx2 error is the ``__cause__``.
+  every replica is out; :class:`~blendserve.errors.EngineProtocolError` when
+  the last attempt answered unusably (or its failures opened the last
+  breaker), and :class:`~blendserve.errors.UpstreamRejected` for other
+  statuses. The httpx2 error is the ``__cause__``.
 * Replicas: see :mod:`blendserve.engines._replicas` for the balancing,
   affinity and circuit breaker rules, and :mod:`blendserve.engines._upstreams`
   for the probes; a trial request closes or reopens a half-open breaker.
@@ -375,6 +382,8 @@ class OpenAIEngine(Engine, PassThrough):
                 await self._attempt_ended.wait()  # bounded by the call's deadline (within)
                 replica = self._replicas.acquire(key, want, tried)
             if replica is None:
+                if isinstance(last, EngineProtocolError):  # say what the answers were, not 503
+                    raise exhausted(last, len(tried)) from last
                 raise EngineUnavailable(
                     "every upstream is marked unhealthy (circuit breaker open)"
                 ) from last
@@ -409,39 +418,64 @@ class OpenAIEngine(Engine, PassThrough):
     ) -> list[Sample] | tuple[Exception, float | None]:
         """One attempt at ``replica``: its samples, or a retryable error and its Retry-After.
 
+        An unusable answer (a 2xx body or stream that is no completion, one over
+        the size limit) is the replica's failure and retryable, as a 5xx is:
+        another replica may answer, and the breaker takes out one that never does.
+
         Raises:
-            EngineProtocolError: a status or body not worth retrying.
+            UpstreamRejected: a 4xx other than 429, not worth retrying.
         """
         url = replica.url
         if retry:
             self.sink.upstream_retry(url)
-        self.sink.upstream_samples(url, "dispatched", want)
-        sent = time.monotonic()
+        sent = math.nan
+
+        def sending() -> None:  # a connection took the request: its samples go out
+            nonlocal sent
+            if math.isnan(sent):
+                self.sink.upstream_samples(url, "dispatched", want)
+                sent = time.monotonic()
+
         try:
             try:
-                response = await self._pool.post(url, path, encoded, self._stream, session)
+                response = await self._pool.post(url, path, encoded, self._stream, session, sending)
             finally:
                 self._replicas.release(replica, want)
                 self._ended()
-        except httpx2.TransportError as exc:
-            self.sink.upstream_samples(url, "failed", want)
-            if not isinstance(exc, httpx2.PoolTimeout):  # our pool's fault, not the replica's
-                self._upstreams.failed(replica)
+        except httpx2.PoolTimeout as exc:  # our pool's fault, not the replica's
+            if not math.isnan(sent):  # a connection turned it away, then none came: never made
+                self.sink.upstream_samples(url, "cancelled", want)
             return exc, None
-        except httpx2.RequestError as exc:
+        except httpx2.TransportError as exc:
+            sending()  # counted sent, if no connection had it yet: it fails as one that went
             self.sink.upstream_samples(url, "failed", want)
-            raise EngineProtocolError(f"{url}: unusable response: {exc}") from exc
-        except EngineProtocolError:  # an unusable stream
-            self.sink.upstream_samples(url, "failed", want)
-            raise
+            self._upstreams.failed(replica)
+            return exc, None
+        except httpx2.RequestError as exc:  # a body over the size limit, a bad encoding
+            error = EngineProtocolError(f"{url}: unusable response: {exc}")
+            return self._unusable(replica, want, error, exc)
+        except EngineProtocolError as exc:  # an unusable stream
+            return self._unusable(replica, want, EngineProtocolError(f"{url}: {exc}"), exc)
         except BaseException:  # cancelled: not the upstream's failure
-            self.sink.upstream_samples(url, "cancelled", want)
+            if not math.isnan(sent):
+                self.sink.upstream_samples(url, "cancelled", want)
             raise
+        return self._judged(replica, response, path, want, sent)
+
+    def _judged(
+        self, replica: Replica, response: httpx2.Response, path: str, want: int, sent: float
+    ) -> list[Sample] | tuple[Exception, float | None]:
+        """What an attempt's response makes of it: see :meth:`_attempt`."""
+        url = replica.url
         status = response.status_code
         if 200 <= status < 300:
-            self._replicas.record_success(replica)
             self._throttles.answered(url)
-            return self._answered(replica, response, path == CHAT, want, sent)
+            try:
+                samples = self._answered(replica, response, path == CHAT, want, sent)
+            except EngineProtocolError as exc:
+                return self._unusable(replica, want, exc, exc.__cause__)
+            self._replicas.record_success(replica)
+            return samples
         error = httpx2.HTTPStatusError(
             f"{url}{path} answered {status}: {error_message(response)}",
             request=response.request,
@@ -455,6 +489,15 @@ class OpenAIEngine(Engine, PassThrough):
             self._upstreams.failed(replica)
         return error, retry_after(response)
 
+    def _unusable(
+        self, replica: Replica, want: int, error: EngineProtocolError, cause: BaseException | None
+    ) -> tuple[Exception, None]:
+        """An attempt answered unusably: the replica's failure, retried like one (elsewhere)."""
+        self.sink.upstream_samples(replica.url, "failed", want)
+        self._upstreams.failed(replica)
+        error.__cause__ = cause
+        return error, None
+
     def _answered(
         self, replica: Replica, response: httpx2.Response, chat: bool, want: int, sent: float
     ) -> list[Sample]:
@@ -464,14 +507,10 @@ class OpenAIEngine(Engine, PassThrough):
         and asked for anew by :meth:`_generate`.
 
         Raises:
-            EngineProtocolError: an unusable body (all ``want`` failed).
+            EngineProtocolError: an unusable body (counted by the caller).
         """
         url = replica.url
-        try:
-            samples = parse_response(response, chat, want, url)
-        except EngineProtocolError:
-            self.sink.upstream_samples(url, "failed", want)
-            raise
+        samples = parse_response(response, chat, want, url)
         if want > 1 and self._n_support == "auto":
             replica.n_honoured = len(samples) == want
         self.sink.upstream_samples(url, "completed", len(samples))

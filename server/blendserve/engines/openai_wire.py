@@ -1,8 +1,19 @@
 """The OpenAI wire format: URLs, request bodies, responses, streams, ``Retry-After``.
 
 Pure functions (the stream ones take any async iterator): no I/O, no engine
-state. A streamed completion (server-sent events) is reassembled into the
-non-streamed shape, so one parser reads both.
+state. A streamed completion (server-sent events, framed as the SSE
+specification says: a ``data`` field over several lines is one event, its
+lines joined by newlines) is reassembled into the non-streamed shape, so one
+parser reads both. Each streamed chunk's shape is checked (pydantic): extra
+fields are ignored, but a choice's ``index``, its texts and finish reason,
+and the usage must be of their types, or the stream is unusable. A stream
+that reports an error (a chunk with ``error``, as vLLM writes a failure
+during a stream, or an ``error`` event) is unusable too: its partial text is
+never a sample.
+
+Token counts above :data:`MAX_TOKENS` (``10**400`` is valid JSON) make a reply
+unusable: no model's context comes near, and such a count overflows every
+counter it would be added to.
 """
 
 from __future__ import annotations
@@ -13,10 +24,11 @@ import json
 import math
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, NamedTuple
 
 import httpx2
+from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, InvalidRequest
@@ -25,12 +37,13 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "MAX_RETRY_AFTER",
+    "MAX_TOKENS",
     "REASONING_FIELDS",
     "TOKENIZER_PATHS",
+    "ServerEvent",
     "collect_events",
     "encode",
     "error_message",
-    "lines",
     "normalise_base_url",
     "once",
     "parse_response",
@@ -39,6 +52,7 @@ __all__ = [
     "request_body",
     "retry_after",
     "sampling_body",
+    "server_events",
     "split_credentials",
 ]
 
@@ -49,6 +63,8 @@ COMPLETIONS = "/completions"
 TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 #: The longest ``Retry-After`` that :func:`retry_after` reports.
 MAX_RETRY_AFTER = 30.0
+#: The largest token count (or choice index) an upstream may report: far past any context.
+MAX_TOKENS = 2**31
 #: Where a reasoning parser puts a chat message's thought: vLLM's field, then its old name.
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 # The engine sets these itself: an override would break sample accounting.
@@ -183,13 +199,13 @@ def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
         choices = sorted(choices, key=lambda c: c["index"])
     usage = payload.get("usage")
     usage = usage if isinstance(usage, dict) else {}
-    prompt_tokens = _count(usage.get("prompt_tokens"))
-    own = [_choice_tokens(c) for c in choices]
+    prompt_tokens = _count(usage.get("prompt_tokens"), upstream)
+    own = [_choice_tokens(c, upstream) for c in choices]
     if all(t is not None for t in own):
         tokens = [t or 0 for t in own]
     else:
-        tokens = _shares(_count(usage.get("completion_tokens")), len(choices))
-    reasoning_total = _reasoning_tokens(usage)
+        tokens = _shares(_count(usage.get("completion_tokens"), upstream), len(choices))
+    reasoning_total = _reasoning_tokens(usage, upstream)
     reasoning_tokens: list[int | None] = (
         [None] * len(choices)
         if reasoning_total is None
@@ -244,66 +260,186 @@ def _shares(total: int, parts: int) -> list[int]:
     return [share + (i < rest) for i in range(parts)]
 
 
-def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
+def _reasoning_tokens(usage: dict[str, Any], upstream: str) -> int | None:
     """``usage.completion_tokens_details.reasoning_tokens``: None where it is not reported."""
     details = usage.get("completion_tokens_details")
     value = details.get("reasoning_tokens") if isinstance(details, dict) else None
-    return _count(value) if value is not None else None
+    return _count(value, upstream) if value is not None else None
 
 
-async def lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The UTF-8 text lines of a byte stream (``chunks`` bound how much one line holds)."""
-    pending = bytearray()
+class _LineSplitter:
+    """Splits a byte stream's chunks into lines ending in CR, LF or CRLF, in linear time."""
+
+    def __init__(self) -> None:
+        self._partial: list[bytes] = []  # the line not ended yet, in pieces
+        self._after_cr = False  # the last chunk ended in CR: an LF that starts the next ends it
+        self._first = True
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` ends, without their line ends."""
+        if self._first and chunk:
+            chunk, self._first = chunk.removeprefix(b"\xef\xbb\xbf"), False  # a BOM
+        if self._after_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._after_cr = chunk[-1:] == b"\r"
+        if not chunk:
+            return []
+        lines = chunk.splitlines()  # CR, LF, CRLF only: bytes know no other line ends
+        rest = None if chunk[-1:] in (b"\n", b"\r") else lines.pop()  # not ended yet
+        if lines and self._partial:
+            lines[0] = b"".join(self._partial) + lines[0]  # the line earlier chunks began
+            self._partial = []
+        if rest is not None:
+            self._partial.append(rest)
+        return lines
+
+
+class ServerEvent(NamedTuple):
+    """One server-sent event: its type (``message`` unless named) and its data."""
+
+    event: str
+    data: bytes
+
+
+async def server_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[ServerEvent, None]:
+    """The server-sent events of a byte stream, framed as the SSE specification says.
+
+    Lines end in CR, LF or CRLF (also when a chunk ends between CR and LF);
+    comments are skipped; the ``data`` lines of one event are joined with LF;
+    an event without data is not dispatched, nor is one the stream ends in
+    (no blank line after it); ``id`` and ``retry`` are ignored. The work is
+    linear in the bytes: a line that never ends is kept in pieces, joined once
+    it ends (``chunks`` bound how much it holds). httpx2's ``EventSource``
+    frames alike but costs about twice the CPU per event over its text layers.
+    """
+    split = _LineSplitter()
+    name = ""
+    data: list[bytes] = []
     async for chunk in chunks:
-        pending += chunk
-        if b"\n" in chunk:
-            *complete, rest = bytes(pending).split(b"\n")
-            pending = bytearray(rest)
-            for line in complete:
-                yield line.rstrip(b"\r").decode("utf-8", "replace")
-    if pending:
-        yield pending.decode("utf-8", "replace")
+        lines = split.feed(chunk)
+        for line in lines:
+            if not line:
+                if data:
+                    yield ServerEvent(name or "message", b"\n".join(data))
+                name, data = "", []
+            elif line[:1] != b":":
+                field, _, value = line.partition(b":")
+                if value[:1] == b" ":
+                    value = value[1:]
+                if field == b"data":
+                    data.append(value)
+                elif field == b"event":
+                    name = value.decode("utf-8", "replace")
 
 
-async def collect_events(stream: AsyncIterator[str]) -> dict[str, Any]:
-    """Assembles a streamed completion (server-sent lines) into the non-streamed shape.
+_Count = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+
+
+class _Details(BaseModel):
+    reasoning_tokens: _Count | None = None
+
+
+class _Usage(BaseModel):
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
+    completion_tokens_details: _Details | None = None
+
+
+class _Delta(BaseModel):
+    content: StrictStr | None = None
+    reasoning: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+
+
+class _Choice(BaseModel):
+    index: _Count = 0
+    delta: _Delta | None = None
+    text: StrictStr | None = None
+    finish_reason: StrictStr | None = None
+
+
+class _Chunk(BaseModel):
+    """A streamed completion chunk: what is read of it (other fields are ignored)."""
+
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None  # vLLM's failure during a stream
+    object: Any = None  # "error" where an older vLLM wrote its error response instead
+
+
+def _chunk(data: bytes) -> _Chunk:
+    """The chunk an event's data holds.
+
+    Raises:
+        EngineProtocolError: not JSON, not a completion chunk, or an error.
+    """
+    try:
+        chunk = _Chunk.model_validate_json(data)
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        if problem["type"] == "json_invalid":
+            raise EngineProtocolError(f"stream chunk is not JSON: {_quoted(data)}") from None
+        where = ".".join(map(str, problem["loc"]))
+        raise EngineProtocolError(
+            f"stream chunk is not a completion chunk ({where}: {problem['msg']}): {_quoted(data)}"
+        ) from None
+    if chunk.error is not None or chunk.object == "error":
+        raise EngineProtocolError(f"the stream reported an error: {_stated(chunk.error, data)}")
+    return chunk
+
+
+def _quoted(data: bytes) -> str:
+    return repr(data[:200].decode("utf-8", "replace"))
+
+
+def _stated(error: Any, data: bytes) -> str:
+    """What an error chunk says: its message, else the chunk."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])[:500]
+    return error[:500] if isinstance(error, str) else _quoted(data)
+
+
+async def collect_events(events: AsyncIterator[ServerEvent]) -> dict[str, Any]:
+    """Assembles a streamed completion (its server-sent events) into the non-streamed shape.
 
     A chat stream's thought (``delta.reasoning`` or ``delta.reasoning_content``)
-    is assembled into the message's ``reasoning``.
+    is assembled into the message's ``reasoning``. Events named other than
+    ``message`` are skipped, but for ``error``.
+
+    Raises:
+        EngineProtocolError: a chunk is not a completion chunk, or the stream
+            reports an error.
     """
     texts: dict[int, list[str]] = {}
     thoughts: dict[int, list[str]] = {}
-    finish: dict[int, Any] = {}
-    usage: Any = None
+    finish: dict[int, str] = {}
+    usage: dict[str, Any] | None = None
     num_chunks = 0
     chat = False
-    async for line in stream:
-        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+    async for event in events:
+        name, data = event
+        if name == "error":
+            raise EngineProtocolError(f"the stream reported an error: {_quoted(data)}")
+        if name != "message" or data.strip() == b"[DONE]":
             continue
-        try:
-            chunk = json.loads(line[5:])
-        except (ValueError, RecursionError):
-            raise EngineProtocolError(f"stream chunk is not JSON: {line[:200]!r}") from None
-        choices = chunk.get("choices") or [] if isinstance(chunk, dict) else None
-        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-            raise EngineProtocolError(f"stream chunk is not a completion chunk: {line[:200]!r}")
-        usage = chunk.get("usage") or usage
-        for choice in choices:
-            index = choice.get("index", 0)
-            delta = choice.get("delta")
-            chat = chat or isinstance(delta, dict)
-            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            thought = reasoning_of(delta) if isinstance(delta, dict) else None
+        chunk = _chunk(data)
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump(exclude_none=True) or usage
+        for choice in chunk.choices or ():
+            index = choice.index
+            delta = choice.delta
+            chat = chat or delta is not None
+            piece = choice.text if delta is None else delta.content
+            thought = None if delta is None else (delta.reasoning or delta.reasoning_content)
+            pieces = texts.setdefault(index, [])
             if piece:
-                texts.setdefault(index, []).append(piece)
+                pieces.append(piece)
                 num_chunks += 1
-            else:
-                texts.setdefault(index, [])
             if thought:
                 thoughts.setdefault(index, []).append(thought)
                 num_chunks += 1
-            if choice.get("finish_reason") is not None:
-                finish[index] = choice["finish_reason"]
+            if choice.finish_reason is not None:
+                finish[index] = choice.finish_reason
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])
@@ -334,16 +470,25 @@ def encode(payload: dict[str, Any]) -> bytes:
         raise InvalidRequest(f"the request is not valid JSON: {exc}") from exc
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+def _count(value: Any, upstream: str) -> int:
+    """A reported token count; 0 where it is not a count.
+
+    Raises:
+        EngineProtocolError: a count over :data:`MAX_TOKENS`.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    if value > MAX_TOKENS:  # not printed: a huge int takes long to, or cannot be, written out
+        raise EngineProtocolError(f"{upstream}: a usage reports over {MAX_TOKENS} tokens")
+    return value
 
 
-def _choice_tokens(choice: dict[str, Any]) -> int | None:
+def _choice_tokens(choice: dict[str, Any], upstream: str) -> int | None:
     usage = choice.get("usage")
     value = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if value is None:
         value = choice.get("completion_tokens")
-    return _count(value) if value is not None else None
+    return _count(value, upstream) if value is not None else None
 
 
 def error_message(response: httpx2.Response) -> str:

@@ -12,10 +12,13 @@ import pytest
 from blendserve.engines import _http_pool
 from blendserve.engines._http_pool import HttpPool, _Connection
 from blendserve.engines.base import GenerateRequest
-from blendserve.engines.config import Health, RetryPolicy
+from blendserve.engines.config import Health, Limits, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.errors import EngineUnavailable
 
+from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer
+from tests.support.stats import RecordingStats
 
 BASE = "http://up.test/v1"
 ORIGIN = httpcore2.Origin(b"http", b"up.test", 80)
@@ -263,3 +266,65 @@ def test_real_connections_are_the_pool_s_own(fakes: Callable[..., list[FakeServe
             await pool.aclose()
 
     asyncio.run(main())
+
+
+def test_a_request_cancelled_as_its_turn_comes_is_cancelled_and_passes_its_turn_on() -> None:
+    """asyncio.wait_for (Python 3.11) returned the shard handed over in the moment its
+    caller was cancelled: the cancellation was lost and the request went out anyway."""
+
+    async def main() -> None:
+        seen: list[str] = []
+
+        async def handler(request: httpx2.Request) -> httpx2.Response:
+            seen.append(request.url.path)
+            return httpx2.Response(200, json=OK)
+
+        pool = _pool(handler, 1)
+        response, shard = await pool.open(BASE, "/chat/completions", b"{}", 5.0)
+        await response.aclose()
+        waiting = asyncio.ensure_future(pool.get(BASE, "/models", 5.0))
+        await asyncio.wait_for(_until(lambda: pool._waiting[BASE]), 5)
+        pool.done(BASE, shard)  # the turn comes ...
+        waiting.cancel()  # ... in the same moment as the cancellation
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert seen == ["/v1/chat/completions"]  # the cancelled request never went out
+        assert pool._busy[BASE] == [0] and not pool._waiting[BASE]  # the shard given back
+        after = await asyncio.wait_for(pool.get(BASE, "/models", 1.0), 5)
+        assert after.status_code == 200
+
+    asyncio.run(main())
+
+
+def test_samples_no_connection_took_are_not_counted_dispatched(
+    fakes: Callable[..., list[FakeServer]],
+) -> None:
+    """A pool timeout booked samples dispatched (then failed) that never reached the
+    upstream: the upstream saw none of them."""
+    (upstream,) = fakes(1, latency=30.0)
+    stats = RecordingStats()
+
+    async def main() -> None:
+        async with OpenAIEngine(
+            [upstream.url],
+            limits=Limits(connections=1),
+            timeouts=Timeouts(connect=0.2),
+            retry=RetryPolicy(max_retries=1, backoff_base=0.001),
+        ) as engine:
+            engine.report_to(stats)
+            (transport,) = engine._pool._shards[upstream.url]
+            # A request that holds the one connection, where the pool's own count misses it.
+            body = b'{"prompt": "held"}'
+            request = httpx2.Request("POST", upstream.url + "/completions", content=body)
+            holder = asyncio.ensure_future(transport.handle_async_request(request))
+            await asyncio.wait_for(_until(lambda: upstream.state.requests == 1), 5)
+            with pytest.raises(EngineUnavailable, match="PoolTimeout"):
+                await engine.generate(GenerateRequest(prompt="x"))
+            holder.cancel()
+            await asyncio.wait([holder])
+
+    asyncio.run(main())
+    assert upstream.state.requests == 1  # the held one only
+    assert stats.samples(upstream.url)["dispatched"] == 0
+    assert stats.of("upstream_health")[-1] == (upstream.url, 1.0)  # not the replica's failure
+    assert_accounting(stats)

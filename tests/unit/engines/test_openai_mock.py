@@ -223,9 +223,10 @@ def test_n_support_no_and_yes() -> None:
 
 def test_more_choices_than_asked_is_a_protocol_error() -> None:
     up = Upstream()
-    up.script = [ok({"n": 3})]
+    up.script = [ok({"n": 3})] * 2
     with pytest.raises(EngineProtocolError, match="3 choices for n=2"):
-        run_coroutine(_generate(up, chat(n=2)))
+        run_coroutine(_generate(up, chat(n=2), retry=RetryPolicy(max_retries=1)))
+    assert len(up.calls) == 2
 
 
 def test_500_and_429_are_retried_then_succeed() -> None:
@@ -322,12 +323,43 @@ def test_read_timeouts_retried_then_engine_timeout() -> None:
         httpx.Response(200, json=[1, 2]),
     ],
 )
-def test_unusable_bodies_are_protocol_errors(response: httpx.Response) -> None:
+def test_unusable_bodies_are_retried_then_protocol_errors(response: httpx.Response) -> None:
     up = Upstream()
+    up.script = [response] * 3
+    retry = RetryPolicy(max_retries=2, backoff_base=0.001)
+    with pytest.raises(EngineProtocolError, match="no usable answer after 3 attempt"):
+        run_coroutine(_generate(up, chat(), retry=retry, health=Health(failure_threshold=10)))
+    assert len(up.calls) == 3
     up.script = [response]
-    with pytest.raises(EngineProtocolError):
-        run_coroutine(_generate(up, chat()))
-    assert len(up.calls) == 1
+    assert len(run_coroutine(_generate(up, chat()))) == 1  # the retry's answer is used
+    assert len(up.calls) == 5
+
+
+def test_an_unusable_answer_is_the_replica_s_failure_and_moves_the_retry() -> None:
+    """A replica answering 200 with an error page was never taken out: its unusable
+    answers went straight to the caller, and the next call went home to it again."""
+    calls: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(str(request.url.host))
+        if request.url.host == "up.test":
+            return httpx.Response(200, text="<html>502 Bad Gateway</html>")
+        return ok(json.loads(request.content))
+
+    async def main() -> None:
+        async with engine(
+            handler,
+            urls=[URL, OTHER],
+            retry=RetryPolicy(backoff_base=60),
+            health=Health(failure_threshold=2, probe_interval=60),
+        ) as e:
+            for _ in range(6):  # the same key: rendezvous affinity sends it home each time
+                samples = await e.generate(chat(question_id="home-is-up.test"))
+                assert [s.upstream for s in samples] == [OTHER]
+            assert (await e.health()).upstreams == {URL: False, OTHER: True}
+
+    run_coroutine(main())
+    assert calls.count("up.test") == 2 and calls.count("other.test") == 6
 
 
 def test_retry_fails_over_to_another_replica_at_once() -> None:

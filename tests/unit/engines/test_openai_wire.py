@@ -15,15 +15,16 @@ import pytest
 from blendserve.engines._retry import RetryPolicy, exhausted
 from blendserve.engines.base import GenerateRequest, SamplingParams
 from blendserve.engines.openai_wire import (
+    MAX_TOKENS,
     collect_events,
     error_message,
-    lines,
     normalise_base_url,
     parse_response,
     parse_samples,
     request_body,
     retry_after,
     sampling_body,
+    server_events,
     split_credentials,
 )
 from blendserve.errors import (
@@ -39,8 +40,8 @@ async def _chunks(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
         yield part
 
 
-async def _text_lines(parts: Iterable[bytes]) -> list[str]:
-    return [line async for line in lines(_chunks(parts))]
+async def _framed(parts: Iterable[bytes]) -> list[tuple[str, str]]:
+    return [(e.event, e.data.decode()) async for e in server_events(_chunks(parts))]
 
 
 def _events(*chunks: dict[str, Any], done: bool = True) -> list[bytes]:
@@ -49,7 +50,7 @@ def _events(*chunks: dict[str, Any], done: bool = True) -> list[bytes]:
 
 
 def _collect(parts: list[bytes]) -> dict[str, Any]:
-    return asyncio.run(collect_events(lines(_chunks(parts))))
+    return asyncio.run(collect_events(server_events(_chunks(parts))))
 
 
 def test_urls_end_in_v1_and_lose_their_credentials() -> None:
@@ -62,9 +63,21 @@ def test_urls_end_in_v1_and_lose_their_credentials() -> None:
     assert "secret" not in str(raised.value)
 
 
-def test_lines_split_across_chunks_and_strip_carriage_returns() -> None:
-    parts = [b"da", b"ta: a\r\nda", b"ta: b\n\nlast"]
-    assert asyncio.run(_text_lines(parts)) == ["data: a", "data: b", "", "last"]
+def test_events_are_framed_as_the_sse_specification_says() -> None:
+    parts = [b": comment\r\nda", b"ta: a\r", b"\ndata:b\r\rdata: {\n", b"data: }\n\n", b"event: x"]
+    parts += [b"\ndata: c\n\n\xe2\x82", b"\xacdata: d\n\n"]
+    assert asyncio.run(_framed(parts)) == [
+        ("message", "a\nb"),  # one event over two lines: CRLF, then a lone CR, end a line
+        ("message", "{\n}"),
+        ("x", "c"),
+    ]  # "€data: d" is no field: its event has no data
+
+
+def test_a_multi_line_data_field_is_one_chunk() -> None:
+    chunk = json.dumps({"choices": [{"index": 0, "text": "42", "finish_reason": "stop"}]}, indent=1)
+    event = "".join(f"data: {line}\r\n" for line in chunk.splitlines()) + "\r\n"
+    payload = _collect([event.encode(), b"data: [DONE]\r\n\r\n"])
+    assert payload["choices"] == [{"index": 0, "finish_reason": "stop", "text": "42"}]
 
 
 def test_a_chat_stream_is_reassembled_per_choice() -> None:
@@ -101,6 +114,81 @@ def test_a_completions_stream_without_usage_counts_its_chunks() -> None:
 def test_a_stream_chunk_that_is_not_json_is_a_protocol_error() -> None:
     with pytest.raises(EngineProtocolError, match="not JSON"):
         _collect([b"data: {oops\n\n"])
+
+
+PARTIAL = {"choices": [{"index": 0, "delta": {"content": "Let me compute: 6*7 = 4"}}]}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        b'data: {"error": {"message": "engine died", "code": 500}}\n\n',  # vLLM's
+        b'data: {"object": "error", "message": "engine died", "code": 500}\n\n',  # older vLLM
+        b'event: error\ndata: {"message": "engine died"}\n\n',
+    ],
+)
+def test_a_stream_that_reports_an_error_is_a_protocol_error_not_its_partial_text(
+    error: bytes,
+) -> None:
+    with pytest.raises(EngineProtocolError, match=r"reported an error.*engine died"):
+        _collect([*_events(PARTIAL, done=False), error, b"data: [DONE]\n\n"])
+
+
+@pytest.mark.parametrize(
+    ("choice", "where"),
+    [
+        ({"index": [0], "delta": {"content": "x"}}, "index"),
+        ({"index": {"i": 0}, "delta": {"content": "x"}}, "index"),
+        ({"index": "0", "delta": {"content": "x"}}, "index"),
+        ({"index": 0, "delta": {"content": 7}}, "content"),
+        ({"index": 0, "delta": {"content": ["x"]}}, "content"),
+        ({"index": 0, "delta": "x"}, "delta"),
+        ({"index": 0, "text": 7}, "text"),
+        ({"index": 0, "text": "x", "finish_reason": 1}, "finish_reason"),
+        ({"index": 0, "delta": {"reasoning": {"x": 1}}}, "reasoning"),
+        (None, "choices.1"),
+    ],
+)
+def test_a_malformed_stream_chunk_is_a_protocol_error_naming_it(choice: Any, where: str) -> None:
+    mixed = {"choices": [{"index": 0, "delta": {"content": "a"}}, choice]}
+    with pytest.raises(EngineProtocolError, match=rf"not a completion chunk.*{where}") as raised:
+        _collect(_events(mixed))
+    assert "choices" in str(raised.value)  # the chunk itself is quoted
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 3, "completion_tokens": 10**400},
+        {"prompt_tokens": MAX_TOKENS + 1, "completion_tokens": 3},
+        {"completion_tokens": 3, "completion_tokens_details": {"reasoning_tokens": 10**30}},
+        {"completion_tokens": -1},
+        {"completion_tokens": "3"},
+    ],
+)
+def test_a_streamed_usage_that_is_no_token_count_is_a_protocol_error(usage: Any) -> None:
+    with pytest.raises(EngineProtocolError, match=r"not a completion chunk.*usage"):
+        _collect(_events(PARTIAL, {"choices": [], "usage": usage}))
+
+
+@pytest.mark.parametrize(
+    ("choice", "usage"),
+    [
+        ({}, {"prompt_tokens": 3, "completion_tokens": 10**400}),
+        ({}, {"prompt_tokens": 10**400, "completion_tokens": 3}),
+        ({"usage": {"completion_tokens": MAX_TOKENS + 1}}, {}),
+        ({"completion_tokens": 10**400}, {}),
+        ({}, {"completion_tokens": 3, "completion_tokens_details": {"reasoning_tokens": 2**40}}),
+    ],
+)
+def test_a_token_count_past_any_context_is_a_protocol_error(
+    choice: dict[str, Any], usage: dict[str, Any]
+) -> None:
+    payload = {"choices": [{"index": 0, "text": "42", **choice}], "usage": usage}
+    with pytest.raises(EngineProtocolError, match=f"up: a usage reports over {MAX_TOKENS} tokens"):
+        parse_response(httpx.Response(200, text=json.dumps(payload)), False, 1, "up")
+    within = {"choices": [{"index": 0, "text": "42"}], "usage": {"completion_tokens": MAX_TOKENS}}
+    assert parse_samples(within, False, "up")[0].completion_tokens == MAX_TOKENS
 
 
 def test_samples_follow_choice_indices_and_share_the_usage() -> None:
@@ -261,3 +349,8 @@ def test_exhausted_retries_name_a_timeout_or_unavailability() -> None:
     assert isinstance(exhausted(httpx.ReadTimeout("slow", request=request), 2), EngineTimeout)
     assert isinstance(exhausted(httpx.ConnectTimeout("x", request=request), 2), EngineUnavailable)
     assert "after 1 attempt(s)" in str(exhausted(None, 1))
+    unusable = exhausted(EngineProtocolError("up: response is not JSON: '<html>'"), 4)
+    assert isinstance(unusable, EngineProtocolError)
+    assert (
+        str(unusable) == "no usable answer after 4 attempt(s): up: response is not JSON: '<html>'"
+    )

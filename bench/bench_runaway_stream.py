@@ -1,0 +1,105 @@
+"""CPU the OpenAI engine spends reading a runaway streamed sample, per MiB.
+
+Usage: python bench/bench_runaway_stream.py [--mib 64] [--reps 3] [--shape tokens|events|line]
+
+The fake upstream of ``tests/support/fake_openai.py`` runs in a separate
+process and streams an answer that never ends: ``tokens`` (the default) in
+events of a few characters each, as a model writes token by token (about
+75 bytes an event); ``events`` in events of 4 KiB; ``line`` in one line that
+never ends, sent 4 KiB at a time. The engine here streams one sample from it until the response size
+limit (``--mib``) fails the attempt. The CPU this process used over that read
+(``time.process_time``), divided by the MiB read, is what parsing a stream
+costs the service's event loop; the fake's own CPU is not in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from blendserve.engines import GenerateRequest
+from blendserve.engines.config import Limits, RetryPolicy, Timeouts
+from blendserve.engines.openai import OpenAIEngine
+from blendserve.errors import EngineProtocolError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _spawn_endless(shape: str) -> tuple[subprocess.Popen[str], str]:
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    flags = {
+        "tokens": ["--endless", "--endless-piece", "4"],
+        "events": ["--endless"],
+        "line": ["--endless-line"],
+    }[shape]
+    command = [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *flags]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if len(line) != 2 or line[0] != "PORT":
+        proc.kill()
+        raise RuntimeError(f"fake upstream did not start: {line}")
+    url = f"http://127.0.0.1:{line[1]}/v1"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(url + "/models", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("fake upstream did not become ready")
+        time.sleep(0.05)
+
+
+async def _read_once(url: str, mib: int) -> tuple[float, float]:
+    """CPU seconds and wall seconds of one runaway sample read up to ``mib`` MiB."""
+    async with OpenAIEngine(
+        [url],
+        stream=True,
+        timeouts=Timeouts(call=600.0, stall=30.0),
+        limits=Limits(response_bytes=mib << 20),
+        retry=RetryPolicy(max_retries=0),
+    ) as engine:
+        cpu, wall = time.process_time(), time.monotonic()
+        try:
+            await engine.generate(GenerateRequest(prompt="run away"))
+        except EngineProtocolError as exc:
+            if "over" not in str(exc):
+                raise
+        else:
+            raise AssertionError("the runaway sample was not cut at the size limit")
+        return time.process_time() - cpu, time.monotonic() - wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--shape", choices=("tokens", "events", "line"), default="tokens")
+    args = parser.parse_args()
+    proc, url = _spawn_endless(args.shape)
+    try:
+        runs = [asyncio.run(_read_once(url, args.mib)) for _ in range(args.reps)]
+    finally:
+        proc.kill()
+        proc.wait()
+    cpu = statistics.median(c for c, _ in runs)
+    wall = statistics.median(w for _, w in runs)
+    print(
+        f"runaway stream ({args.shape}), {args.mib} MiB: median CPU {cpu:.2f} s "
+        f"({cpu / args.mib:.3f} s/MiB), wall {wall:.2f} s, over {args.reps} reads"
+    )
+
+
+if __name__ == "__main__":
+    main()
