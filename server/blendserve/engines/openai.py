@@ -89,12 +89,13 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -298,8 +299,12 @@ class OpenAIEngine(Engine, PassThrough):
         request of ``n``, whose samples come together. Raises as :meth:`generate`.
         """
         if request.n == 1 or self._n_support == "yes":
-            for sample in await self.generate(request):
-                yield sample
+            together = collections.deque(await self.generate(request))
+            try:
+                while together:
+                    yield together.popleft()
+            finally:
+                self._never_handed(together)
             return
 
         def single(request: GenerateRequest, seed: int) -> GenerateRequest:
@@ -310,12 +315,27 @@ class OpenAIEngine(Engine, PassThrough):
             asyncio.ensure_future(self.generate(single(request, seed)))
             for seed in self._seeds(request.params.seed, 0, request.n)
         ]
+        handed: list[list[Sample]] = []
+        samples: collections.deque[Sample] = collections.deque()
         try:
             for ended in asyncio.as_completed(tasks):
-                for sample in await ended:
-                    yield sample
+                handed.append(await ended)
+                samples.extend(handed[-1])
+                while samples:
+                    yield samples.popleft()
         finally:
             await cancel_all(tasks)
+            for task in tasks:
+                made = task.done() and not task.cancelled() and task.exception() is None
+                if made and not any(task.result() is taken for taken in handed):
+                    samples.extend(task.result())
+            self._never_handed(samples)
+
+    def _never_handed(self, samples: Iterable[Sample]) -> None:
+        """Reports the tokens of samples the upstream made that the caller closed the
+        stream before taking: the scheduler counts those it takes, and these were billed."""
+        for sample in samples:
+            self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
 
     async def _generate(
         self, request: GenerateRequest, body: dict[str, Any], deadline: float

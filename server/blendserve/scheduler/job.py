@@ -579,7 +579,10 @@ class Job:
         task = asyncio.current_task()
         assert task is not None
         await deliver(
-            self.engine, request, lambda sample: self._arrivals.put_nowait((task, sample))
+            self.engine,
+            request,
+            lambda sample: self._arrivals.put_nowait((task, sample)),
+            self.sink,
         )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -591,7 +594,6 @@ class Job:
         if state is None:
             state = self._states[q] = Ballots()
         key = await state.add(sample, self.keyer)
-        self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
         self._usage.add(
             Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
         )

@@ -476,7 +476,7 @@ class Pool:
             requests = [
                 state.question.request(k, i, self.spec) for k, i in zip(sizes, starts, strict=True)
             ]
-            samples = merged(self.engine, requests)
+            samples = merged(self.engine, requests, self.sink)
             async with contextlib.aclosing(samples):
                 async for ended in samples:
                     left -= len(ended)
@@ -523,7 +523,6 @@ class Pool:
 
     async def _record(self, state: _Open, sample: Sample) -> None:
         key = await state.ballots.add(sample, state.pacing.keyer)
-        self.sink.tokens(sample.prompt_tokens, sample.completion_tokens)
         state.votes.add(0, key)
         if len(state.first_keys) < PROBE:
             state.first_keys.append(key)

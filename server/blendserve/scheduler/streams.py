@@ -9,17 +9,26 @@ from typing import TypeVar
 
 from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, GenerateRequest, Sample
+from blendserve.stats import Stats
 
 __all__ = ["deliver", "drain", "merged"]
 
 T = TypeVar("T")
 
 
-async def deliver(engine: Engine, request: GenerateRequest, put: Callable[[Sample], None]) -> None:
-    """Hands each sample of ``request`` to ``put`` as it ends; cancelled, the rest stop."""
+async def deliver(
+    engine: Engine, request: GenerateRequest, put: Callable[[Sample], None], sink: Stats
+) -> None:
+    """Hands each sample of ``request`` to ``put`` as it ends; cancelled, the rest stop.
+
+    Each sample's tokens are reported to ``sink`` here, as the engine hands it over,
+    whether or not it comes to vote: the engine made it (its question may have
+    settled, or its job ended, while it was on its way).
+    """
     stream = engine.stream(request)
     async with contextlib.aclosing(stream):
         async for sample in stream:
+            sink.tokens(sample.prompt_tokens, sample.completion_tokens)
             put(sample)
 
 
@@ -32,7 +41,7 @@ async def drain(queue: asyncio.Queue[T]) -> list[T]:
 
 
 async def merged(
-    engine: Engine, requests: Sequence[GenerateRequest]
+    engine: Engine, requests: Sequence[GenerateRequest], sink: Stats
 ) -> AsyncGenerator[list[Sample], None]:
     """The samples of ``requests`` as they end, whichever request each belongs to.
 
@@ -40,13 +49,13 @@ async def merged(
     least one): a caller that stops after an item has used all it paid for.
     The first request to fail raises here once the samples that ended before
     it were handed over; closing the generator early cancels every request
-    still running.
+    still running. Tokens are reported to ``sink`` as :func:`deliver` does.
     """
     arrivals: asyncio.Queue[Sample | BaseException | None] = asyncio.Queue()
 
     async def pump(request: GenerateRequest) -> None:
         try:
-            await deliver(engine, request, arrivals.put_nowait)
+            await deliver(engine, request, arrivals.put_nowait, sink)
         except Exception as exc:  # handed to the consumer, who raises it
             arrivals.put_nowait(exc)
         else:

@@ -15,6 +15,7 @@ from blendserve.errors import EngineTimeout
 
 from tests.support.fake_openai import FakeServer
 from tests.support.running import run_coroutine
+from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 Fakes = Callable[..., list[FakeServer]]
@@ -272,3 +273,32 @@ def test_streamed_samples_carry_prompt_tokens(
     # Asked once per prompt, unstreamed, for one token; never when the stream has usage.
     assert len(probes) == (0 if stream_usage else 1)
     assert all(b["max_tokens"] == 1 and "seed" not in b for b in probes)
+
+
+def _completed(sink: RecordingStats) -> int:
+    booked = (args for name, args in sink.calls if name == "upstream_samples")
+    return sum(samples for _, outcome, samples in booked if outcome == "completed")
+
+
+@pytest.mark.parametrize("n_support", ["yes", "no"])
+def test_samples_made_but_never_taken_have_their_tokens_counted(
+    fakes: Fakes, n_support: str
+) -> None:
+    # A caller that closes the stream after one sample (its question settled) leaves
+    # samples the upstream made and billed: their tokens are counted by the engine.
+    (server,) = fakes(1)
+    sink = RecordingStats()
+
+    async def main() -> None:
+        async with _engine([server], n_support=n_support) as e:
+            e.report_to(sink)
+            stream = e.stream(chat(n=4))
+            await anext(stream)
+            # Booked completed as each reply is read, in the step its request ends.
+            await _until(lambda: _completed(sink) == 4)
+            await stream.aclose()
+
+    run_coroutine(main())
+    counted = [args for name, args in sink.calls if name == "tokens"]
+    assert len(counted) == 3  # the one taken is the scheduler's to count
+    assert sum(completion for _, completion in counted) == 3 * 5

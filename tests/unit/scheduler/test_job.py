@@ -430,3 +430,23 @@ def test_samples_stop_holding_slots_only_where_the_capacity_is_unknown(
     assert events[-1].status is JobStatus.COMPLETED
     assert (engine.most_in_flight > 5) is (capacity is None)
     assert engine.most_in_flight <= most
+
+
+def test_every_sample_the_engine_returns_has_its_tokens_counted_even_past_its_questions_end() -> (
+    None
+):
+    # Tokens are counted as the engine hands samples over, not as they vote: a sample
+    # that comes once its question settled, or its job ended, was made all the same.
+    engine = FakeEngine({"sure": [("yes", 1.0)], "split": [("a", 0.5), ("b", 0.5)]})
+    questions = [Question("sure", "p"), Question("split", "p")]
+    spec = JobSpec(
+        questions, budget=40, concurrency=8, in_flight_per_question=4,
+        max_samples_per_request=4, settle_delta=0.6,
+    )  # fmt: skip
+    sink = RecordingStats()
+    events = run_coroutine(_events(Job(spec, engine, last_word, sink)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.settled == 1
+    counted = [args for name, args in sink.calls if name == "tokens"]
+    assert len(counted) == len(engine.served)
+    assert sum(completion for _, completion in counted) == 4 * len(engine.served)

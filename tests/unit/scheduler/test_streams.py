@@ -20,6 +20,7 @@ from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.streams import merged
 from blendserve.sim import run_virtual
+from blendserve.stats import NO_STATS
 
 from tests.support.fake_engine import last_word
 
@@ -131,7 +132,7 @@ def test_merged_streams_hand_over_what_ended_then_raise_the_first_failure(delay:
     got: list[int] = []
 
     async def scenario() -> None:
-        async for ended in merged(engine, [_request(3), _request(2)]):
+        async for ended in merged(engine, [_request(3), _request(2)], NO_STATS):
             got.append(len(ended))
 
     with pytest.raises(EngineUnavailable, match="went away"):
