@@ -1,6 +1,7 @@
 """CPU the OpenAI engine spends reading a runaway streamed sample, per MiB.
 
 Usage: python bench/bench_runaway_stream.py [--mib 64] [--reps 3] [--shape tokens|events|line]
+       [--max-tokens N]
 
 The fake upstream of ``tests/support/fake_openai.py`` runs in a separate
 process and streams an answer that never ends: ``tokens`` (the default) in
@@ -9,7 +10,9 @@ events of a few characters each, as a model writes token by token (about
 never ends, sent 4 KiB at a time. The engine here streams one sample from it until the response size
 limit (``--mib``) fails the attempt. The CPU this process used over that read
 (``time.process_time``), divided by the MiB read, is what parsing a stream
-costs the service's event loop; the fake's own CPU is not in it.
+costs the service's event loop; the fake's own CPU is not in it. With
+``--max-tokens``, the sample asks for that many tokens, and the read ends once
+the stream sends more pieces than they allow (the CPU is then per attempt).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from blendserve.engines import GenerateRequest
+from blendserve.engines import GenerateRequest, SamplingParams
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineProtocolError
@@ -61,8 +64,8 @@ def _spawn_endless(shape: str) -> tuple[subprocess.Popen[str], str]:
         time.sleep(0.05)
 
 
-async def _read_once(url: str, mib: int) -> tuple[float, float]:
-    """CPU seconds and wall seconds of one runaway sample read up to ``mib`` MiB."""
+async def _read_once(url: str, mib: int, max_tokens: int | None) -> tuple[float, float]:
+    """CPU seconds and wall seconds of one runaway sample read until it is cut."""
     async with OpenAIEngine(
         [url],
         stream=True,
@@ -72,7 +75,8 @@ async def _read_once(url: str, mib: int) -> tuple[float, float]:
     ) as engine:
         cpu, wall = time.process_time(), time.monotonic()
         try:
-            await engine.generate(GenerateRequest(prompt="run away"))
+            params = SamplingParams(max_tokens=max_tokens)
+            await engine.generate(GenerateRequest(prompt="run away", params=params))
         except EngineProtocolError as exc:
             if "over" not in str(exc):
                 raise
@@ -86,18 +90,19 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--shape", choices=("tokens", "events", "line"), default="tokens")
+    parser.add_argument("--max-tokens", type=int, default=None)
     args = parser.parse_args()
     proc, url = _spawn_endless(args.shape)
     try:
-        runs = [asyncio.run(_read_once(url, args.mib)) for _ in range(args.reps)]
+        runs = [asyncio.run(_read_once(url, args.mib, args.max_tokens)) for _ in range(args.reps)]
     finally:
         proc.kill()
         proc.wait()
     cpu = statistics.median(c for c, _ in runs)
     wall = statistics.median(w for _, w in runs)
     print(
-        f"runaway stream ({args.shape}), {args.mib} MiB: median CPU {cpu:.2f} s "
-        f"({cpu / args.mib:.3f} s/MiB), wall {wall:.2f} s, over {args.reps} reads"
+        f"runaway stream ({args.shape}, max_tokens {args.max_tokens}), cap {args.mib} MiB:"
+        f" median CPU {cpu:.2f} s, wall {wall:.2f} s, over {args.reps} reads"
     )
 
 

@@ -133,6 +133,35 @@ def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) ->
     assert assert_accounting(stats).total("failed") == 1
 
 
+def test_an_endless_stream_of_tokens_fails_at_its_max_tokens_not_the_size_limit(
+    fake: FakeServer,
+) -> None:
+    # Every piece holds a token at least: past twice max_tokens the stream is running
+    # away, and reading it on to the size limit would cost CPU per byte for nothing.
+    fake.state.endless = True
+    fake.state.endless_piece = 4
+    stats = RecordingStats()
+
+    async def scenario() -> None:
+        engine = OpenAIEngine(
+            [fake.url],
+            stream=True,
+            timeouts=Timeouts(stall=5),
+            limits=Limits(response_bytes=1 << 30),
+            retry=RetryPolicy(max_retries=0),
+        )
+        engine.report_to(stats)
+        async with engine:
+            from blendserve.engines.base import GenerateRequest, SamplingParams
+
+            request = GenerateRequest(prompt="x", params=SamplingParams(max_tokens=100))
+            with pytest.raises(EngineProtocolError, match="runaway stream"):
+                await engine.generate(request)
+
+    asyncio.run(scenario())
+    assert assert_accounting(stats).total("failed") == 1
+
+
 def test_a_huge_completion_fails_at_the_size_limit(fake: FakeServer) -> None:
     fake.state.pad_bytes = 2 << 20
     stats = RecordingStats()

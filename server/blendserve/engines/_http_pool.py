@@ -270,12 +270,14 @@ class HttpPool:
         collect_stream: bool = False,
         headers: Sequence[tuple[str, str]] = (),
         sending: Callable[[], None] | None = None,
+        max_pieces: int | None = None,
     ) -> httpx2.Response:
         """POSTs a JSON body to ``base + path``; the response is read in full.
 
         With ``collect_stream``, a 2xx event stream is read event by event and
-        returned as the equivalent non-streamed JSON response. ``headers`` are
-        sent besides the pool's own. ``sending`` is called once a connection
+        returned as the equivalent non-streamed JSON response, failed once it
+        sends more than ``max_pieces`` pieces of text (None: no bound but the size
+        limit). ``headers`` are sent besides the pool's own. ``sending`` is called once a connection
         takes the request (never when none came in time, a pool timeout; it
         may be called more than once, when a connection turns it away).
 
@@ -292,7 +294,7 @@ class HttpPool:
             headers=[*self._post_headers[base], *headers] if headers else self._post_headers[base],
             extensions=extensions,
         )
-        return await self._send(base, request, collect_stream)
+        return await self._send(base, request, collect_stream, max_pieces=max_pieces)
 
     async def open(
         self, base: str, path: str, body: bytes, read_timeout: float
@@ -380,6 +382,7 @@ class HttpPool:
         request: httpx2.Request,
         collect_stream: bool = False,
         patience: float | None = None,
+        max_pieces: int | None = None,
     ) -> httpx2.Response:
         shard = await self._take(base, request, patience)
         try:
@@ -397,7 +400,7 @@ class HttpPool:
                     if collect_stream and raw.is_success:
                         # Closing mid-stream (cancellation) makes the upstream stop generating.
                         async with contextlib.aclosing(server_events(chunks)) as events:
-                            payload = await collect_events(events)
+                            payload = await collect_events(events, max_pieces)
                         response = httpx2.Response(200, json=payload)
                     else:
                         content = b"".join([c async for c in chunks])

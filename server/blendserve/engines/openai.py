@@ -121,6 +121,7 @@ from blendserve.engines.openai_wire import (
     error_message,
     normalise_base_url,
     parse_response,
+    piece_limit,
     request_body,
     retry_after,
     sampling_body,
@@ -390,6 +391,7 @@ class OpenAIEngine(Engine, PassThrough):
     ) -> list[Sample]:
         """One logical request for ``want`` samples, retried; 1..want samples back."""
         encoded = sampling_body(body, want, seed, self._stream)
+        pieces = piece_limit(body, want) if self._stream else None
         session = ((self._session_header, key),) if self._session_header and key else ()
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
@@ -407,7 +409,9 @@ class OpenAIEngine(Engine, PassThrough):
                 raise EngineUnavailable(
                     "every upstream is marked unhealthy (circuit breaker open)"
                 ) from last
-            outcome = await self._attempt(replica, path, encoded, want, session, attempt > 0)
+            outcome = await self._attempt(
+                replica, path, encoded, want, pieces, session, attempt > 0
+            )
             if isinstance(outcome, list):
                 return outcome
             last, wait = outcome
@@ -433,6 +437,7 @@ class OpenAIEngine(Engine, PassThrough):
         path: str,
         encoded: bytes,
         want: int,
+        pieces: int | None,
         session: Sequence[tuple[str, str]],
         retry: bool,
     ) -> list[Sample] | tuple[Exception, float | None]:
@@ -458,7 +463,9 @@ class OpenAIEngine(Engine, PassThrough):
 
         try:
             try:
-                response = await self._pool.post(url, path, encoded, self._stream, session, sending)
+                response = await self._pool.post(
+                    url, path, encoded, self._stream, session, sending, pieces
+                )
             finally:
                 self._replicas.release(replica, want)
                 self._ended()

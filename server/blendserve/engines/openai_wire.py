@@ -24,7 +24,7 @@ import json
 import math
 import time
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Annotated, Any, NamedTuple
 
 import httpx2
@@ -48,6 +48,7 @@ __all__ = [
     "once",
     "parse_response",
     "parse_samples",
+    "piece_limit",
     "reasoning_of",
     "request_body",
     "retry_after",
@@ -65,6 +66,10 @@ TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 MAX_RETRY_AFTER = 30.0
 #: The largest token count (or choice index) an upstream may report: far past any context.
 MAX_TOKENS = 2**31
+#: A stream may send this many pieces of text per token of its ``max_tokens`` ...
+PIECES_PER_TOKEN = 2
+#: ... and this many more per completion (:func:`piece_limit`).
+PIECES_SLACK = 64
 #: Where a reasoning parser puts a chat message's thought: vLLM's field, then its old name.
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 # The engine sets these itself: an override would break sample accounting.
@@ -399,7 +404,9 @@ def _stated(error: Any, data: bytes) -> str:
     return error[:500] if isinstance(error, str) else _quoted(data)
 
 
-async def collect_events(events: AsyncIterator[ServerEvent]) -> dict[str, Any]:
+async def collect_events(
+    events: AsyncIterator[ServerEvent], max_pieces: int | None = None
+) -> dict[str, Any]:
     """Assembles a streamed completion (its server-sent events) into the non-streamed shape.
 
     A chat stream's thought (``delta.reasoning`` or ``delta.reasoning_content``)
@@ -407,8 +414,9 @@ async def collect_events(events: AsyncIterator[ServerEvent]) -> dict[str, Any]:
     ``message`` are skipped, but for ``error``.
 
     Raises:
-        EngineProtocolError: a chunk is not a completion chunk, or the stream
-            reports an error.
+        EngineProtocolError: a chunk is not a completion chunk, the stream
+            reports an error, or it sends more than ``max_pieces`` pieces of text
+            (:func:`piece_limit`).
     """
     texts: dict[int, list[str]] = {}
     thoughts: dict[int, list[str]] = {}
@@ -438,6 +446,11 @@ async def collect_events(events: AsyncIterator[ServerEvent]) -> dict[str, Any]:
             if thought:
                 thoughts.setdefault(index, []).append(thought)
                 num_chunks += 1
+        if max_pieces is not None and num_chunks > max_pieces:
+            raise EngineProtocolError(
+                f"the stream sent over {max_pieces} pieces of text, more than its"
+                " max_tokens allow: a runaway stream"
+            )
             if choice.finish_reason is not None:
                 finish[index] = choice.finish_reason
     choices = []
@@ -449,6 +462,22 @@ async def collect_events(events: AsyncIterator[ServerEvent]) -> dict[str, Any]:
         choices.append({"index": index, "finish_reason": finish.get(index), **body})
     # An upstream without stream usage: a content chunk is about one token.
     return {"choices": choices, "usage": usage or {"completion_tokens": num_chunks}}
+
+
+def piece_limit(body: Mapping[str, Any], n: int) -> int | None:
+    """How many pieces of text (content or thought deltas) a stream of ``n`` completions
+    may send under the body's ``max_tokens`` (or ``max_completion_tokens``); None: unbounded.
+
+    Every piece holds at least one token, so a stream past this is running away: it is
+    cut here, long before the response size limit, whose parsing costs CPU per byte.
+    The margin leaves room for an engine that splits a token's characters.
+    """
+    limits = [
+        value
+        for value in (body.get("max_tokens"), body.get("max_completion_tokens"))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ]
+    return n * (PIECES_PER_TOKEN * min(limits) + PIECES_SLACK) if limits else None
 
 
 async def once(content: bytes) -> AsyncIterator[bytes]:
