@@ -446,13 +446,13 @@ async def collect_events(
             if thought:
                 thoughts.setdefault(index, []).append(thought)
                 num_chunks += 1
+            if choice.finish_reason is not None:
+                finish[index] = choice.finish_reason
         if max_pieces is not None and num_chunks > max_pieces:
             raise EngineProtocolError(
                 f"the stream sent over {max_pieces} pieces of text, more than its"
                 " max_tokens allow: a runaway stream"
             )
-            if choice.finish_reason is not None:
-                finish[index] = choice.finish_reason
     choices = []
     for index in sorted(texts):
         text = "".join(texts[index])

@@ -21,6 +21,7 @@ from blendserve.engines.openai_wire import (
     normalise_base_url,
     parse_response,
     parse_samples,
+    piece_limit,
     request_body,
     retry_after,
     sampling_body,
@@ -354,3 +355,18 @@ def test_exhausted_retries_name_a_timeout_or_unavailability() -> None:
     assert (
         str(unusable) == "no usable answer after 4 attempt(s): up: response is not JSON: '<html>'"
     )
+
+
+def test_a_stream_past_its_piece_limit_is_a_runaway() -> None:
+    body = {"max_tokens": 1}
+    limit = piece_limit(body, 1)
+    assert limit is not None and piece_limit({}, 1) is None
+    event = b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'
+    within = [event] * limit + [b"data: [DONE]\n\n"]
+    assert asyncio.run(_collect_limited(within, limit))["choices"][0]["text"] == "x" * limit
+    with pytest.raises(EngineProtocolError, match="runaway"):
+        asyncio.run(_collect_limited([event] * (limit + 1), limit))
+
+
+async def _collect_limited(parts: list[bytes], limit: int) -> dict[str, Any]:
+    return await collect_events(server_events(_chunks(parts)), limit)
