@@ -106,15 +106,17 @@ def test_an_unusable_answer_fails_every_sample_asked(
 ) -> None:
     sink = RecordingStats()
     up = Upstream()
-    up.script = [response]
+    up.script = [response] * 3  # the first attempt and both retries
 
     async def run() -> None:
-        async with engine(up, [URL], sink=sink, stream=stream) as e:
+        retry = RetryPolicy(max_retries=2, backoff_base=0.001)
+        async with engine(up, [URL], sink=sink, stream=stream, retry=retry) as e:
             with pytest.raises(EngineProtocolError):
                 await e.generate(GenerateRequest(messages=CHAT, n=3))
 
     run_coroutine(run())
-    assert sink.samples(URL) == {"dispatched": 3, "failed": 3}
+    # An unusable answer is retried: each of the 3 attempts failed all 3 samples.
+    assert sink.samples(URL) == {"dispatched": 9, "failed": 9}
 
 
 def test_report_to_moves_an_engine_to_another_sink_with_its_state() -> None:
