@@ -19,7 +19,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 #: Bytes one entry costs beyond its key and value (the ordered dictionary's
-#: slot and links, the size kept with it): about 190 measured on CPython 3.11.
+#: slot and links, the size kept with it), rounded up from what CPython measures
+#: (docs/benchmarks.md, "Figures behind constants").
 ENTRY_OVERHEAD = 200
 
 

@@ -7,8 +7,8 @@ spend. What protects them there is a uniform start: every question gets a
 share of the budget before the uncertainty decides. On peaked data that
 start only costs samples. The share of questions whose first two samples
 disagree tells the two apart (1 minus the mean chance that two samples
-agree): about 0.01 and 0.1 on the two peaked recorded sets, 0.7 on the flat
-one.
+agree): low on peaked data, high on flat (docs/policies.md gives the ramp,
+docs/benchmarks.md the recorded sets' values).
 """
 
 from __future__ import annotations

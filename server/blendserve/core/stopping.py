@@ -122,8 +122,8 @@ class StoppingRule:
         (many near-tied answers), where samples past it bought little on the
         recorded sets. The first wave is at least ``first_share`` of the
         budget: at large budgets that saves rounds, and a question is not
-        stopped by a lucky unanimous start (on the flattest recorded set it
-        lowered the samples needed for SC@32's error by about 10%).
+        stopped by a lucky unanimous start, which matters most on flat data
+        (docs/benchmarks.md, "Figures behind constants").
         """
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
         cap_samples = max(1, round(limit))

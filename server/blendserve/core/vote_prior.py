@@ -71,8 +71,8 @@ _MAX_LOG_PRICE = 0.0
 # More rounds left than this are planned as this many.
 _MAX_ROUNDS = 8
 # Price buckets whose tables a programme keeps, and the bytes of the programmes kept
-# in memory (at 64 votes, 2.1 MB each and up to 6 MB of tables: 256 MiB keeps at
-# least 30; streams whose priors are alike share one).
+# in memory (enough for some tens of programmes at 64 votes, docs/benchmarks.md,
+# "Figures behind constants"; streams whose priors are alike share one).
 _MAX_TABLES = 16
 _PROGRAMME_BYTES = 256 << 20
 # Start prices kept (one per budget and rounds).

@@ -30,7 +30,9 @@ from blendserve.engines.openai_wire import collect_events, server_events
 
 __all__ = ["HttpPool"]
 
-_SHARD_CONNECTIONS = 2  # measured: 1-4 alike, 8 costs 1.4x CPU, 16 costs 3x
+# Connections a shard holds: small, as a pool's CPU per request grows with its
+# connections (docs/benchmarks.md, "Figures behind constants").
+_SHARD_CONNECTIONS = 2
 _KEEPALIVE_S = 30.0
 #: The request extension holding what :meth:`HttpPool.post` calls once a connection takes it.
 _SENDING = "blendserve.sending"

@@ -69,9 +69,10 @@ class Throttles:
     The first ``Retry-After`` of a replica sets a moment to wait until; its
     answers until then (requests that were in flight) wait until the same
     moment. A replica still throttling after it gets the normal backoff, until
-    it answers a request. Without this, an upstream that answers every request
-    ``Retry-After: 2`` made each logical request wait it out before every retry,
-    and a job that gives up after 8 failures took 50 s to.
+    it answers a request. Otherwise an upstream that answers every request
+    with a ``Retry-After`` would make each logical request wait it out before
+    every retry, and a job that gives up after a streak of failures would take
+    that wait times its retries to give up.
     """
 
     def __init__(self) -> None:

@@ -66,7 +66,7 @@ _log = logging.getLogger(__name__)
 SIDE_TIMEOUT = 5.0  # GET /models (models(), probes), tokenizer endpoints, GET /metrics
 #: Bytes of prompt token counts kept for upstreams without stream usage (about 250 each).
 PROMPT_COUNT_BYTES = 1 << 20
-#: The largest ``/metrics`` body read (vLLM's is about 100 KB).
+#: The largest ``/metrics`` body read: a generous multiple of vLLM's.
 METRICS_BYTES = 4 << 20
 #: Seconds a replica without vLLM's load gauges is left alone before it is asked again.
 METRICS_RETRY_S = 60.0
@@ -81,8 +81,8 @@ WAITING = "vllm:num_requests_waiting"
 def parse_queue(text: str) -> tuple[int, int] | None:
     """Running and waiting requests in vLLM's Prometheus ``text``, each summed over label sets.
 
-    Only the two gauges' lines are parsed (a whole vLLM ``/metrics`` takes
-    about 20 ms to parse, these a fraction of one). None: there is no running
+    Only the two gauges' lines are parsed: a whole vLLM ``/metrics`` costs
+    far more to parse than these lines, on every reading. None: there is no running
     gauge (not vLLM, or not Prometheus text at all).
 
     Raises:

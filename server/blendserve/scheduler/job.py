@@ -21,11 +21,9 @@ close to its sequential ones:
   left running: it holds no slot and is no virtual vote, keeps its budget,
   and still votes if it comes while its question is open.
 
-On recorded data this keeps the default policy in 64-question jobs at 88-98%
-of its sequential sample efficiency (Blend-ASC, at 0.5 in flight per
-question: 86-117% in jobs of 16 questions and more), where filling every
-free slot at once fell to about uniform allocation
-(``bench/bench_e2e_efficiency.py``).
+Filling every free slot at once instead would decide most samples blind and
+spend the budget about as uniform allocation does; what these rules keep of
+the sequential sample efficiency is in docs/benchmarks.md.
 
 A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
 of them since its last vote) stops at once: its requests in flight are
@@ -47,15 +45,11 @@ other clients of the upstream) hold at least half of the engine's capacity,
 the job decides sample by sample instead, up to its in-flight limit or the
 free slots, whichever is more (within ``concurrency``): rounds there cost the
 engine nothing, while a sample decided blind costs a slot another question
-could use. Under load (every job of a set at once, C=256, 20 samples a
-question) the flat family's error fell from 0.223 to 0.207 (SC@32: 0.206),
-and every other family's likewise, at the same throughput
-(docs/benchmarks.md, "Under load"). Where the engine's free slots hold half
-the job's budget when it starts, a round costs a straggler's whole length at
-a width that is nearly free, and the job plans fewer, larger waves
-(:meth:`WavePlan.widened <blendserve.core.waves.WavePlan.widened>`): 11-17%
-less wall time on 1,024 sequences, at about 0.005 more error at the same
-budget.
+could use (docs/benchmarks.md, "Under load"). Where the engine's free slots
+hold half the job's budget when it starts, a round costs a straggler's whole
+length at a width that is nearly free, and the job plans fewer, larger waves
+(:meth:`WavePlan.widened <blendserve.core.waves.WavePlan.widened>`): the job
+ends sooner for a little more error at the same budget.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the

@@ -17,10 +17,9 @@ __all__ = ["add_parser", "read_settings", "run", "settings_source"]
 
 #: The collector's thresholds while serving (CPython's default: 700, 10, 10). A large
 #: job's requests and samples live for milliseconds, long enough to outlive two young
-#: collections at 700 allocations each; so many reached the oldest generation that it
-#: was collected about once a second, 100-400 ms each time with ten 10,000-question
-#: jobs running, holding the event loop. At 10,000 few do: one full collection or none
-#: in 25 s, for young ones of 30-200 ms now and then (docs/benchmarks.md, "Abuse").
+#: collections at CPython's 700 allocations each, so they reach the oldest generation,
+#: whose collections are long and hold the event loop; at 10,000 few do
+#: (docs/benchmarks.md, "Abuse").
 _GC_THRESHOLDS = (10_000, 10, 10)
 
 

@@ -156,7 +156,7 @@ class Settings(BaseSettings):
     sympy_workers: int = Field(
         2,
         ge=1,
-        le=32,  # each is a process of about 150 MB: 32 are about 5 GB
+        le=32,  # each is a whole Python process with sympy loaded
         description="processes that key math answers with sympy (about 150 MB each, at most "
         "32); from 2, "
         "one is kept for a client or job holding none, so one's slow answers do not delay "

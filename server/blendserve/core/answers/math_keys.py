@@ -163,7 +163,7 @@ def _imaginary(expr: Any) -> Any:
 
 def _exact(expr: Any) -> Any:
     """``expr`` with each float the decimal it reads as (``nsimplify`` may give a float's
-    binary value instead: 90114.0549 became a fraction of hundreds of digits)."""
+    binary value instead, a fraction of hundreds of digits for ``90114.0549``)."""
     import sympy
 
     return expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
