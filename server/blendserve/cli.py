@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from blendserve_client import cli as solve_command
 
 from blendserve import __version__
-from blendserve import calibrate as calibrate_command
+from blendserve.engines.calibration import command as calibrate_command
 from blendserve.service import command as serve_command
 from blendserve.sim import command as simulate_command
 

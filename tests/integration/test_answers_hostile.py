@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from blendserve import answers
-from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.answers import acanonical_key, canonical_key, extract
+from blendserve.answers._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.core.answers import sympy_key
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from blendserve.calibrate import CalibrationError, Grid, Point, describe, measure
 from blendserve.cli import main
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
+from blendserve.engines.calibration import CalibrationError, Grid, Point, describe, measure
 from blendserve.engines.config import Timeouts
 from blendserve.engines.factory import EngineConfig
 from blendserve.engines.openai import OpenAIEngine
@@ -310,7 +310,7 @@ def test_points_of_no_measurable_step_are_not_written(
     async def measured(args: object, grid: object) -> tuple[list[Point], str, str]:
         return points, "fast", "m"
 
-    monkeypatch.setattr("blendserve.calibrate._calibrate", measured)
+    monkeypatch.setattr("blendserve.engines.calibration.command._calibrate", measured)
     out = tmp_path / "profile.jsonl"
     assert calibrate("http://127.0.0.1:9/v1", out, *GRID) == 1
     line = _one_line_error(capfd)

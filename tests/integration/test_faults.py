@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from blendserve import metrics
 from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.service import metrics
 
 from tests.support.accounting import assert_accounting
 from tests.support.fake_openai import FakeServer, FakeState

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import httpx2
 import pytest
-from blendserve.engines._replicas import BreakerState
 from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.openai._replicas import BreakerState
 from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import EngineUnavailable
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from blendserve import _jsonl
-from blendserve.engines import _upstreams
+from blendserve.engines.openai import _upstreams
 from blendserve.service import Settings, create_app
+from blendserve.util import jsonl as _jsonl
 
 from tests.support.command import serve_command
 from tests.support.fake_openai import FakeServer, FakeState

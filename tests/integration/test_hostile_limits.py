@@ -22,7 +22,7 @@ import pytest
 from blendserve.engines.base import UpstreamReply
 from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
-from blendserve.engines.openai_wire import once
+from blendserve.engines.openai.wire import once
 from blendserve.engines.replay import ReplayEngine
 
 from tests.support.errors import error_body

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from blendserve.engines.openai import OpenAIEngine, normalise_base_url
 from blendserve.engines.replay import ReplayEngine
-from blendserve.metrics import UPSTREAM_OUTCOMES
 from blendserve.service import Settings, create_app
+from blendserve.service.metrics import UPSTREAM_OUTCOMES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.command import serve_command

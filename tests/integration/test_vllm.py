@@ -406,7 +406,7 @@ _STREAM = """
 import asyncio, json, sys, time
 from blendserve.engines.base import GenerateRequest, SamplingParams
 from blendserve.engines.vllm_inprocess import VLLMEngine
-from blendserve.calibrate import Grid, measure
+from blendserve.engines.calibration import Grid, measure
 
 def ask(text, n, **params):
     messages = [{"role": "user", "content": text}]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import httpx
-from blendserve.metrics import UPSTREAM_OUTCOMES
+from blendserve.service.metrics import UPSTREAM_OUTCOMES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.stats import RecordingStats

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from blendserve._answer_keys import REGEX_STRIKES, STRUCK_REGEX_TIMEOUT_S
 from blendserve.answers import AnswerKeys, AnswerKind, KeyOwner
+from blendserve.answers._keys import REGEX_STRIKES, STRUCK_REGEX_TIMEOUT_S
 from blendserve.core.answers import (
     MAX_KEY_CHARS,
     REGEX_TIMEOUT_S,

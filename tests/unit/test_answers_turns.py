@@ -6,8 +6,8 @@ import threading
 
 import pytest
 from blendserve import answers
-from blendserve._answer_keys import _Turns
 from blendserve.answers import KeyOwner
+from blendserve.answers._keys import _Turns
 
 from tests.support.waiting import wait_until
 

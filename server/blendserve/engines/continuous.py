@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import EngineLoad
 from blendserve.engines.step_cost import StepCost
+from blendserve.util.byte_lru import ByteLRU
 
 __all__ = ["BLOCK", "ContinuousBatch", "first_step_ms"]
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from blendserve._byte_lru import ByteLRU
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
 from blendserve.engines.config import Timeouts
 from blendserve.engines.llama_server import EmbeddedLlamaServer
@@ -31,6 +30,7 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.passthrough import PassThrough
 from blendserve.errors import EngineDown, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
+from blendserve.util.byte_lru import ByteLRU
 
 __all__ = [
     "MAX_TEXT_BYTES",

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blendserve._jsonl import read_jsonl
 from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRequest, Sample
 from blendserve.engines.continuous import ContinuousBatch
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats, UpstreamOutcome
+from blendserve.util.jsonl import read_jsonl
 
 __all__ = ["LENGTHS", "FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from blendserve._jsonl import read_jsonl
+from blendserve.util.jsonl import read_jsonl
 
 __all__ = ["MAX_BATCH", "MAX_CONTEXT", "MAX_STEP_MS", "SHIPPED", "StepCost", "load_step_cost"]
 

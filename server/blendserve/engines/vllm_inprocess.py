@@ -22,11 +22,11 @@ import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.engines.engine_cost import Busy, EngineCost, cost_counters
 from blendserve.errors import EngineDown, EngineError, EngineUnavailable
 from blendserve.stats import NO_STATS, Stats
+from blendserve.util.cancel import cancel_all
 
 __all__ = ["COST_INTERVAL_S", "VLLMEngine"]
 

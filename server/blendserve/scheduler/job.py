@@ -74,7 +74,6 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 
-from blendserve._cancel import cancel_all
 from blendserve.core.policies import AllocationPolicy
 from blendserve.core.stragglers import Stragglers
 from blendserve.core.waves import WavePlan
@@ -92,6 +91,7 @@ from blendserve.scheduler.failures import FailureStreak
 from blendserve.scheduler.spec import DEFAULT_CONCURRENCY, JobSpec, Keyer
 from blendserve.scheduler.streams import deliver, drain
 from blendserve.stats import JobReport, Stats
+from blendserve.util.cancel import cancel_all
 
 __all__ = ["Job"]
 

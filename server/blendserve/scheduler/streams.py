@@ -7,9 +7,9 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TypeVar
 
-from blendserve._cancel import cancel_all
 from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.stats import Stats
+from blendserve.util.cancel import cancel_all
 
 __all__ = ["deliver", "drain", "merged"]
 

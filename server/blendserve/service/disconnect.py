@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from blendserve._cancel import cancel_all
+from blendserve.util.cancel import cancel_all
 
 __all__ = ["ClientGone", "while_connected"]
 

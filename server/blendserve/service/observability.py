@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blendserve import metrics
+from blendserve.service import metrics
 
 __all__ = ["RequestMetrics", "router"]
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from blendserve import metrics
+from blendserve.service import metrics
 from blendserve.stats import AnswerStage, Stats, UpstreamOutcome
 
 __all__ = ["PrometheusStats"]
 
 
 class PrometheusStats(Stats):
-    """Updates the process's metrics of :mod:`blendserve.metrics`, served at ``/metrics``."""
+    """Updates the metrics of :mod:`blendserve.service.metrics`, served at ``/metrics``."""
 
     def upstream_configured(self, upstream: str) -> None:
         """Creates ``upstream``'s labelled series at zero."""

@@ -14,7 +14,7 @@ from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.factory import EngineConfig, EngineKind
-from blendserve.engines.openai_wire import normalise_base_url
+from blendserve.engines.openai.wire import normalise_base_url
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.connections import ConnectionTimeouts
 from blendserve.service.vocabulary import check_policy

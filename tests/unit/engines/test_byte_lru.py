@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import httpx2 as httpx
-from blendserve._byte_lru import ENTRY_OVERHEAD, ByteLRU
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.embedded import EmbeddedEngine, EmbeddedLlamaServer
 from blendserve.engines.openai import OpenAIEngine
-from blendserve.engines.openai_wire import CHAT
+from blendserve.engines.openai.wire import CHAT
+from blendserve.util.byte_lru import ENTRY_OVERHEAD, ByteLRU
 
 MB = 1 << 20
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from blendserve.engines._upstreams import parse_cost
 from blendserve.engines.engine_cost import MIN_STEPS, CostPoint, EngineCost
+from blendserve.engines.openai._upstreams import parse_cost
 from blendserve.engines.step_cost import SHIPPED, StepCost
 from blendserve.stats import Stats
 

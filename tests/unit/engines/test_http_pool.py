@@ -9,11 +9,10 @@ from types import SimpleNamespace
 import httpcore2
 import httpx2
 import pytest
-from blendserve.engines import _http_pool
-from blendserve.engines._http_pool import HttpPool, _Connection
 from blendserve.engines.base import GenerateRequest
 from blendserve.engines.config import Health, Limits, RetryPolicy, Timeouts
-from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.openai import OpenAIEngine, _http_pool
+from blendserve.engines.openai._http_pool import HttpPool, _Connection
 from blendserve.errors import EngineUnavailable
 
 from tests.support.accounting import assert_accounting

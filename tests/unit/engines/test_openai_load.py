@@ -10,11 +10,15 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-from blendserve._cancel import cancel_all
-from blendserve.engines import _upstreams
-from blendserve.engines._upstreams import MAX_LABEL_SETS, METRICS_BYTES, parse_cost, parse_queue
 from blendserve.engines.base import EngineLoad, GenerateRequest
-from blendserve.engines.openai import OpenAIEngine
+from blendserve.engines.openai import OpenAIEngine, _upstreams
+from blendserve.engines.openai._upstreams import (
+    MAX_LABEL_SETS,
+    METRICS_BYTES,
+    parse_cost,
+    parse_queue,
+)
+from blendserve.util.cancel import cancel_all
 
 from tests.support.fake_openai import FakeServer
 from tests.support.running import run_coroutine

@@ -10,17 +10,17 @@ from typing import Any, TypeVar
 
 import httpx2 as httpx
 import pytest
-from blendserve._cancel import within
 from blendserve.engines.base import GenerateRequest, SamplingParams
 from blendserve.engines.config import Health, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
-from blendserve.engines.openai_wire import retry_after
+from blendserve.engines.openai.wire import retry_after
 from blendserve.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
     InvalidRequest,
 )
+from blendserve.util.cancel import within
 
 from tests.support.running import run_coroutine
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from blendserve.engines._replicas import BreakerState, Replica, ReplicaSet
+from blendserve.engines.openai._replicas import BreakerState, Replica, ReplicaSet
 
 from tests.support.stats import RecordingStats
 

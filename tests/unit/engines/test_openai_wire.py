@@ -14,7 +14,7 @@ import httpx2 as httpx
 import pytest
 from blendserve.engines._retry import RetryPolicy, exhausted
 from blendserve.engines.base import GenerateRequest, SamplingParams
-from blendserve.engines.openai_wire import (
+from blendserve.engines.openai.wire import (
     MAX_TOKENS,
     collect_events,
     error_message,

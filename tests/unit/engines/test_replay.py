@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from blendserve import _jsonl
 from blendserve.answers import extract
 from blendserve.engines import Engine, GenerateRequest, SamplingParams
 from blendserve.engines.base import EngineLoad
@@ -17,6 +16,7 @@ from blendserve.engines.replay import FaultConfig, LatencyModel, ReplayEngine, r
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
 from blendserve.sim import run_virtual
+from blendserve.util import jsonl as _jsonl
 
 from tests.support.fake_engine import FakeEngine
 from tests.support.running import run_coroutine

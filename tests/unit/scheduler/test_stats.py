@@ -124,4 +124,4 @@ def test_without_a_sink_nothing_is_reported_and_no_prometheus_is_loaded() -> Non
     loaded = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
-    assert "prometheus_client" not in loaded and "blendserve.metrics" not in loaded
+    assert "prometheus_client" not in loaded and "blendserve.service.metrics" not in loaded

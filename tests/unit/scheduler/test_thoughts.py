@@ -11,7 +11,7 @@ import pytest
 from blendserve.answers import KINDS, AnswerKeys, AnswerKind, ReasoningTags, make_keyer
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Sample
-from blendserve.engines.openai_wire import parse_samples
+from blendserve.engines.openai.wire import parse_samples
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
 from blendserve.scheduler.spec import Keyer
 

@@ -2,7 +2,7 @@
 
 One :class:`OpenAIEngine` talks to one or more data-parallel replicas of the
 same model over pooled keep-alive connections (httpx2 transports, at most
-``limits.connections`` per replica; :mod:`blendserve.engines._http_pool`
+``limits.connections`` per replica; :mod:`blendserve.engines.openai._http_pool`
 says why not one ``httpx2.AsyncClient``). A request with ``messages`` goes to
 ``{url}/chat/completions``, one with ``prompt`` to ``{url}/completions``;
 ``mode`` only tells callers which kind to build. Base URLs are normalised to
@@ -33,7 +33,7 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
 * 429, 5xx, transport errors and unusable answers (a 2xx body or stream
   that is no completion: an HTML error page, a malformed chunk, an error
   reported mid-stream, a body over the size limit, a token count over
-  :data:`~blendserve.engines.openai_wire.MAX_TOKENS`) are retried at most
+  :data:`~blendserve.engines.openai.wire.MAX_TOKENS`) are retried at most
   ``retry.max_retries`` times. A retry goes at once to a healthy replica this call has not tried,
   if any; otherwise it waits a jittered exponential backoff, or
   ``Retry-After`` when given (capped at 30 s) the first time in a streak of
@@ -42,7 +42,7 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
   Other statuses are not retried. 5xx, transport errors and unusable answers
   count towards the replica's breaker. A pool timeout (no pooled connection
-  came in time, see :mod:`blendserve.engines._http_pool`) is retried too, but
+  came in time, see :mod:`blendserve.engines.openai._http_pool`) is retried too, but
   it is not the replica's failure: it does not count towards its breaker, and
   its samples are not counted ``dispatched`` (they never went out).
 * A response body over ``limits.response_bytes`` (an upstream that never
@@ -58,8 +58,8 @@ Contract, beyond :class:`~blendserve.engines.base.Engine`:
   the last attempt answered unusably (or its failures opened the last
   breaker), and :class:`~blendserve.errors.UpstreamRejected` for other
   statuses. The httpx2 error is the ``__cause__``.
-* Replicas: see :mod:`blendserve.engines._replicas` for the balancing,
-  affinity and circuit breaker rules, and :mod:`blendserve.engines._upstreams`
+* Replicas: see :mod:`blendserve.engines.openai._replicas` for the balancing,
+  affinity and circuit breaker rules, and :mod:`blendserve.engines.openai._upstreams`
   for the probes; a trial request closes or reopens a half-open breaker.
   While no replica is available a call fails at once with
   :class:`~blendserve.errors.EngineUnavailable`, without waiting a backoff.
@@ -101,10 +101,7 @@ from typing import Any, Literal
 
 import httpx2
 
-from blendserve._cancel import DeadlinePassed, all_or_cancel, cancel_all, within
-from blendserve.engines._replicas import Replica
 from blendserve.engines._retry import RetryPolicy, Throttles, exhausted
-from blendserve.engines._upstreams import Upstreams
 from blendserve.engines.base import (
     Engine,
     EngineHealth,
@@ -115,7 +112,9 @@ from blendserve.engines.base import (
     shift_seed,
 )
 from blendserve.engines.config import Health, Limits, Timeouts
-from blendserve.engines.openai_wire import (
+from blendserve.engines.openai._replicas import Replica
+from blendserve.engines.openai._upstreams import Upstreams
+from blendserve.engines.openai.wire import (
     CHAT,
     COMPLETIONS,
     error_message,
@@ -135,6 +134,7 @@ from blendserve.errors import (
     UpstreamRejected,
 )
 from blendserve.stats import NO_STATS, Stats
+from blendserve.util.cancel import DeadlinePassed, all_or_cancel, cancel_all, within
 
 __all__ = ["OpenAIEngine", "normalise_base_url", "split_credentials"]
 

@@ -1,7 +1,7 @@
 """An OpenAI engine's replicas: connections, probes, load, pass-through, prompt token counts.
 
 Balancing, affinity and the circuit breaker rules live in
-:mod:`blendserve.engines._replicas`; this module does the I/O around them. A
+:mod:`blendserve.engines.openai._replicas`; this module does the I/O around them. A
 replica whose breaker is open (or half-open with its trials in flight) is
 probed with ``GET {url}/models`` every ``health.probe_interval`` seconds by a
 background task that runs only while some breaker is not closed; a 200
@@ -29,14 +29,12 @@ from typing import Any
 
 import httpx2
 
-from blendserve._byte_lru import ByteLRU
-from blendserve._cancel import DeadlinePassed, within
-from blendserve.engines._http_pool import HttpPool
-from blendserve.engines._replicas import Replica, ReplicaSet
 from blendserve.engines.base import EngineHealth, UpstreamReply
 from blendserve.engines.config import Health, Limits, Timeouts
 from blendserve.engines.engine_cost import COST_SERIES, cost_counters
-from blendserve.engines.openai_wire import (
+from blendserve.engines.openai._http_pool import HttpPool
+from blendserve.engines.openai._replicas import Replica, ReplicaSet
+from blendserve.engines.openai.wire import (
     CHAT,
     COMPLETIONS,
     TOKENIZER_PATHS,
@@ -47,6 +45,8 @@ from blendserve.engines.openai_wire import (
 )
 from blendserve.errors import EngineProtocolError, EngineUnavailable, InvalidRequest
 from blendserve.stats import NO_STATS, Stats
+from blendserve.util.byte_lru import ByteLRU
+from blendserve.util.cancel import DeadlinePassed, within
 
 __all__ = [
     "MAX_LABEL_SETS",

@@ -17,8 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from blendserve._byte_lru import ByteLRU
-from blendserve._sympy_pool import SympyPool, WorkerError, WorkerTimeout
+from blendserve.answers._sympy_pool import SympyPool, WorkerError, WorkerTimeout
 from blendserve.core.answers import (
     DEFAULT_REASONING_TAGS,
     REGEX_TIMEOUT_S,
@@ -42,6 +41,7 @@ from blendserve.core.answers import (
 )
 from blendserve.core.answers import extract as _core_extract
 from blendserve.stats import NO_STATS, Stats
+from blendserve.util.byte_lru import ByteLRU
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

@@ -39,7 +39,7 @@ standard ``re`` search runs in the worker pool under a 1 s deadline instead.
 
 from __future__ import annotations
 
-from blendserve._answer_keys import (
+from blendserve.answers._keys import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_DEADLINE_S,
     AnswerKeys,

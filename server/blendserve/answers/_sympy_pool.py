@@ -37,7 +37,7 @@ __all__ = ["PoolStats", "SympyPool", "WorkerError", "WorkerTimeout"]
 #: Run by ``python -c`` in a worker: the parent's ``sys.path``, then the loop.
 _BOOTSTRAP = (
     "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from blendserve._sympy_pool import _worker_entry; "
+    "from blendserve.answers._sympy_pool import _worker_entry; "
     "_worker_entry(int(sys.argv[2]), int(sys.argv[3]))"
 )
 

@@ -25,8 +25,8 @@ from typing import Any
 import httpcore2
 import httpx2
 
-from blendserve._cancel import DeadlinePassed, within
-from blendserve.engines.openai_wire import collect_events, server_events
+from blendserve.engines.openai.wire import collect_events, server_events
+from blendserve.util.cancel import DeadlinePassed, within
 
 __all__ = ["HttpPool"]
 
@@ -339,7 +339,7 @@ class HttpPool:
         turn: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         waiting.append(turn)
         try:
-            # Not asyncio.wait_for: see blendserve._cancel.within.
+            # Not asyncio.wait_for: see blendserve.util.cancel.within.
             return await (turn if patience is None else within(_result(turn), patience))
         except BaseException as exc:
             if turn.done() and not turn.cancelled():

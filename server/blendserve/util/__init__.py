@@ -1,0 +1,1 @@
+"""Small utilities the layers above the core share: a byte-bounded LRU, cancellation, JSON lines."""
