@@ -38,11 +38,13 @@ from blendserve.engines.openai import OpenAIEngine
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _spawn_fake(name: str) -> tuple[subprocess.Popen[str], str]:
+def spawn_fake(*flags: str) -> tuple[subprocess.Popen[str], str]:
+    """The fake upstream of ``tests/support/fake_openai.py`` in a process of its own, with
+    ``flags``, once it answers: the process and its base URL."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", "--name", name],
+        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *flags],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -132,7 +134,7 @@ async def _bench(args: argparse.Namespace) -> None:
     try:
         if args.upstream == "process":
             for i in range(args.replicas):
-                proc, url = _spawn_fake(f"r{i}")
+                proc, url = spawn_fake("--name", f"r{i}")
                 procs.append(proc)
                 urls.append(url)
         else:

@@ -19,49 +19,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
+from bench_openai_engine import spawn_fake
 from blendserve.engines import GenerateRequest, SamplingParams
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineProtocolError
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _spawn_endless(shape: str) -> tuple[subprocess.Popen[str], str]:
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     flags = {
         "tokens": ["--endless", "--endless-piece", "4"],
         "events": ["--endless"],
         "line": ["--endless-line"],
     }[shape]
-    command = [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *flags]
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().split()
-    if len(line) != 2 or line[0] != "PORT":
-        proc.kill()
-        raise RuntimeError(f"fake upstream did not start: {line}")
-    url = f"http://127.0.0.1:{line[1]}/v1"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(url + "/models", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("fake upstream did not become ready")
-        time.sleep(0.05)
+    return spawn_fake(*flags)
 
 
 async def _read_once(url: str, mib: int, max_tokens: int | None) -> tuple[float, float]:
