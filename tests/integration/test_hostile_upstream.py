@@ -108,8 +108,20 @@ def test_a_pass_through_reply_is_cut_at_the_response_size_limit(fake: FakeServer
 # --- upstreams that flood ---------------------------------------------------------------
 
 
-def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) -> None:
+@pytest.mark.parametrize(
+    ("max_tokens", "piece", "error"),
+    [
+        (None, 4096, "over 1048576 bytes"),  # nothing but the size limit bounds it
+        # Every piece holds a token at least: past twice max_tokens the stream is running
+        # away, and reading on to the size limit would cost CPU per byte for nothing.
+        (100, 4, "runaway stream"),
+    ],
+)
+def test_an_endless_streamed_sample_fails_at_its_max_tokens_else_the_size_limit(
+    fake: FakeServer, max_tokens: int | None, piece: int, error: str
+) -> None:
     fake.state.endless = True
+    fake.state.endless_piece = piece
     stats = RecordingStats()
 
     async def scenario() -> None:
@@ -122,43 +134,15 @@ def test_an_endless_streamed_sample_fails_at_the_size_limit(fake: FakeServer) ->
         )
         engine.report_to(stats)
         async with engine:
-            from blendserve.engines.base import GenerateRequest
+            from blendserve.engines.base import GenerateRequest, SamplingParams
 
-            with pytest.raises(EngineProtocolError, match="over 1048576 bytes"):
-                await engine.generate(GenerateRequest(prompt="x"))
+            request = GenerateRequest(prompt="x", params=SamplingParams(max_tokens=max_tokens))
+            with pytest.raises(EngineProtocolError, match=error):
+                await engine.generate(request)
 
     start = time.monotonic()
     asyncio.run(scenario())
     assert time.monotonic() - start < 10
-    assert assert_accounting(stats).total("failed") == 1
-
-
-def test_an_endless_stream_of_tokens_fails_at_its_max_tokens_not_the_size_limit(
-    fake: FakeServer,
-) -> None:
-    # Every piece holds a token at least: past twice max_tokens the stream is running
-    # away, and reading it on to the size limit would cost CPU per byte for nothing.
-    fake.state.endless = True
-    fake.state.endless_piece = 4
-    stats = RecordingStats()
-
-    async def scenario() -> None:
-        engine = OpenAIEngine(
-            [fake.url],
-            stream=True,
-            timeouts=Timeouts(stall=5),
-            limits=Limits(response_bytes=1 << 30),
-            retry=RetryPolicy(max_retries=0),
-        )
-        engine.report_to(stats)
-        async with engine:
-            from blendserve.engines.base import GenerateRequest, SamplingParams
-
-            request = GenerateRequest(prompt="x", params=SamplingParams(max_tokens=100))
-            with pytest.raises(EngineProtocolError, match="runaway stream"):
-                await engine.generate(request)
-
-    asyncio.run(scenario())
     assert assert_accounting(stats).total("failed") == 1
 
 
