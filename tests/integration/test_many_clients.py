@@ -17,7 +17,7 @@ from typing import Any
 import blendserve.scheduler.pool as pool_module
 import httpx
 import pytest
-from blendserve.core import vote_prior
+from blendserve.core import programme
 from blendserve.engines.replay import ReplayEngine
 
 from tests.support.live import LiveServer, serve_engine
@@ -66,8 +66,8 @@ class _BuildThreads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.programmes: list[int] = []
         self.tables: list[int] = []
-        programme = vote_prior._Programme
-        init, extend = programme.__init__, programme._extend
+        built = programme._Programme
+        init, extend = built.__init__, built._extend
 
         def counted_init(this: Any, *args: Any, **kwargs: Any) -> None:
             self.programmes.append(threading.get_ident())
@@ -77,8 +77,8 @@ class _BuildThreads:
             self.tables.append(threading.get_ident())
             extend(this, *args, **kwargs)
 
-        monkeypatch.setattr(programme, "__init__", counted_init)
-        monkeypatch.setattr(programme, "_extend", counted_extend)
+        monkeypatch.setattr(built, "__init__", counted_init)
+        monkeypatch.setattr(built, "_extend", counted_extend)
 
     def on(self, thread: threading.Thread) -> tuple[int, int]:
         """Programmes and table extensions built on ``thread``."""
@@ -111,9 +111,9 @@ def _in_threads(calls: list[Callable[[], object]]) -> None:
 
 def _pool_clients(live: LiveServer) -> list[Any]:
     return [
-        pacing
+        client
         for pool in live.service.dropin.pools.pools.values()
-        for pacing in pool._clients.values()
+        for client in pool.clients.values()
     ]
 
 
@@ -139,11 +139,11 @@ def test_fitted_priors_of_many_clients_are_never_built_on_the_loop(
         clients = _pool_clients(live)
         # Meanwhile their fitted priors' programmes were asked for, and are built in turn.
         wait_until(
-            lambda: all(pacing.prior.programme_built for pacing in clients),
+            lambda: all(client.learning.prior.programme_built for client in clients),
             300,
             "every client's programme built",
         )
-        priors = {pacing.prior.weights.tobytes() for pacing in clients}
+        priors = {client.learning.prior.weights.tobytes() for client in clients}
         on_loop = builds.on(loop_thread)
     # Every client's prior was fitted, each to its own questions: more programmes than
     # were ever kept before, and every one of them built off the loop.
@@ -185,7 +185,7 @@ def test_idle_clients_and_pools_are_dropped(monkeypatch: pytest.MonkeyPatch) -> 
         # From now on a client or a pool is idle as soon as it has no open question.
         monkeypatch.setattr(pool_module, "IDLE_CLIENT_S", 0.0)
         for pool in live.service.dropin.pools.pools.values():
-            pool.idle_client_s = 0.0
+            pool.clients.idle_s = 0.0
         _ask(live.url, None, ["easy"], budget=9)  # another pool: every idle pool goes
         _ask(live.url, "late", ["easy"], budget=9)  # its idle clients go
         pools = live.service.dropin.pools.pools

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from blendserve.core import vote_prior
-from blendserve.core.vote_prior import VotePrior
+from blendserve.core import programme
+from blendserve.core.programme import VotePrior
 
 __all__ = ["fitted_prior", "no_built_programmes"]
 
@@ -23,5 +23,5 @@ def fitted_prior(shares: list[float], votes: int = 16, seed: int = 0) -> VotePri
 
 def no_built_programmes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empties the process's programmes and start prices for the test."""
-    monkeypatch.setattr(vote_prior, "_PROGRAMMES", vote_prior._Programmes())
-    monkeypatch.setattr(vote_prior, "_START_PRICES", {})
+    monkeypatch.setattr(programme, "_PROGRAMMES", programme._Programmes())
+    monkeypatch.setattr(programme, "_START_PRICES", {})

@@ -1,4 +1,12 @@
-"""The pure core: vote state, uncertainties and allocation policies (no I/O)."""
+"""The pure core (no I/O): votes, and how a question's next samples are decided.
+
+The vocabulary (docs/decisions.md): a learned prior on how contested the
+questions are (:mod:`~blendserve.core.prior`), what further votes are worth
+(:mod:`~blendserve.core.worth`, :mod:`~blendserve.core.programme`, ASC's
+uncertainty), a price they must exceed (:mod:`~blendserve.core.price`), and
+waves (:mod:`~blendserve.core.waves`). The allocation policies decide a
+budgeted batch, the stopping rule a stream.
+"""
 
 from blendserve.core.policies import (
     DEFAULT_POLICY,
@@ -13,7 +21,8 @@ from blendserve.core.policies import (
     PPRPolicy,
     SCPolicy,
 )
-from blendserve.core.stopping import PacedThreshold, StoppingRule
+from blendserve.core.price import PacedPrice
+from blendserve.core.stopping import StoppingRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 
@@ -27,6 +36,7 @@ __all__ = [
     "HedgePolicy",
     "OraclePolicy",
     "PPRPolicy",
+    "PacedPrice",
     "PacedThreshold",
     "PolicySpec",
     "SCPolicy",
@@ -35,3 +45,6 @@ __all__ = [
     "asc_log_uncertainty",
     "ppr_log_uncertainty",
 ]
+
+#: The name :class:`PacedPrice` had before it was named for what it paces.
+PacedThreshold = PacedPrice

@@ -1,23 +1,26 @@
-"""The online rule in one place: how each question of a stream stops, and how the stream is paced.
+"""The online rule in one place: how each question of a stream stops, how the stream is
+paced, and what it learns from each finished question.
 
-``/v1``'s pools (:class:`~blendserve.scheduler.pool.PoolSpec`) and the
+``/v1``'s pools (:class:`~blendserve.scheduler.pool.Pool`) and the
 simulator's ``online`` method (:func:`~blendserve.sim.online.run_online`) both
-build their stopping rules and pacing from an :class:`OnlineRule`.
+decide with an :class:`OnlineRule` and learn with a :class:`StreamLearning`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from blendserve.core.flatness import Flatness
+from blendserve.core.flatness import PROBE, Flatness
 from blendserve.core.options import Option, parse_spec
-from blendserve.core.stopping import DEFAULT_CAP, SCORES, PacedThreshold, Score, StoppingRule
-from blendserve.core.vote_prior import VotePrior, start_log_price, start_log_price_known
+from blendserve.core.price import PacedPrice
+from blendserve.core.programme import VotePrior, start_log_price, start_log_price_known
+from blendserve.core.stopping import DEFAULT_CAP, SCORES, Score, StoppingRule
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 
-__all__ = ["MIN_TARGET", "PLANS", "OnlineRule"]
+__all__ = ["MIN_TARGET", "PLANS", "OnlineRule", "StreamLearning"]
 
 #: A quality target nearer certainty than this is held at it (the rule's floor).
 MIN_TARGET = 1e-12
@@ -32,7 +35,7 @@ def _score(text: str) -> str:
 
 
 #: How a bounded number of waves is sized: a programme over the stream's learned
-#: prior (:class:`~blendserve.core.vote_prior.VotePrior`), or by the expected ASC
+#: prior (:class:`~blendserve.core.programme.VotePrior`), or by the expected ASC
 #: uncertainty (:class:`~blendserve.core.waves.WavePlan`).
 PLANS = ("bayes", "asc")
 
@@ -59,7 +62,7 @@ class OnlineRule:
     Attributes:
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, as a multiple of the mean budget.
-        target: a fixed ``tau`` (a quality target) instead of pacing to the budget.
+        target: a fixed price on the uncertainty (a quality target) instead of pacing to the budget.
         growth: waves are at least this share of the samples a question has.
         extra: a question's cap is at most this many samples beyond the budget.
         first: a question's first wave is at least this share of the budget
@@ -102,23 +105,23 @@ class OnlineRule:
         fields: dict[str, Any] = options
         return cls(**fields)
 
-    def threshold(self, budget_per_question: float | None) -> PacedThreshold:
-        """A fresh pacing controller to ``budget_per_question`` (at least 1), or the fixed target.
+    def price(self, budget_per_question: float | None) -> PacedPrice:
+        """A fresh price paced to ``budget_per_question`` (at least 1), or the fixed target.
 
         Raises:
             ValueError: neither a budget nor a target.
         """
         if self.target is not None:
-            return PacedThreshold(None, log_tau=math.log(max(self.target, MIN_TARGET)))
+            return PacedPrice(None, log_price=math.log(max(self.target, MIN_TARGET)))
         if budget_per_question is None:
             raise ValueError("online stopping needs a budget per question or a target")
         budget = max(1.0, budget_per_question)
         if self.planned:
-            return PacedThreshold(budget, log_tau=start_log_price(budget, self.rounds))
-        return PacedThreshold(budget)
+            return PacedPrice(budget, log_price=start_log_price(budget, self.rounds))
+        return PacedPrice(budget)
 
-    def threshold_ready(self, budget_per_question: float | None) -> bool:
-        """Whether :meth:`threshold` builds nothing: no start price to compute (a
+    def price_ready(self, budget_per_question: float | None) -> bool:
+        """Whether :meth:`price` builds nothing: no start price to compute (a
         planned rule's is a bisection over a programme's tables, tens of
         milliseconds the first time for each budget)."""
         if not self.planned or budget_per_question is None:
@@ -127,7 +130,7 @@ class OnlineRule:
 
     @property
     def planned(self) -> bool:
-        """Whether a stream's prior sizes the waves (and ``tau`` is the price of a vote):
+        """Whether a stream's prior sizes the waves (and the price is that of a top-two vote):
         the ``bayes`` plan of bounded waves, ASC's score, paced to a budget."""
         return (
             self.plan == "bayes" and self.rounds > 0 and self.score == "asc" and self.target is None
@@ -155,3 +158,40 @@ class OnlineRule:
             max_rounds=self.rounds,
             prior=prior if self.planned else None,
         )
+
+
+@dataclass(eq=False)
+class StreamLearning:
+    """What a stream learns from its finished questions, and the rule its next one gets.
+
+    Attributes:
+        rule: the stream's online rule.
+        budget_per_question: the mean samples its price is paced to (None: a
+            quality target alone, each question capped at ``max_cap``).
+        price: paced to the budget (or fixed by the rule's target).
+        max_cap: a question's cap with a quality target alone.
+        flatness: how flat its answers were: its next first wave and cap.
+        prior: how contested its questions were: the waves of its next questions.
+    """
+
+    rule: OnlineRule
+    budget_per_question: float | None
+    price: PacedPrice
+    max_cap: int = 64
+    flatness: Flatness = field(default_factory=Flatness)
+    prior: VotePrior = field(default_factory=VotePrior)
+
+    def stopping(self) -> StoppingRule:
+        """The stopping rule of the stream's next question, as far as it has learned."""
+        if self.budget_per_question is None:
+            return StoppingRule(self.rule.score, self.max_cap, max_rounds=self.rule.rounds)
+        return self.rule.stopping(self.budget_per_question, self.flatness, self.prior)
+
+    def finished(
+        self, n1: int, n2: int, num_samples: int, first_keys: Sequence[Hashable | None]
+    ) -> None:
+        """A question finished with ``n1`` and ``n2`` votes for its top two of
+        ``num_samples``; ``first_keys`` are its first answer keys (abstentions None)."""
+        self.price.observe(num_samples)
+        self.flatness.observe(tuple(first_keys[:PROBE]))
+        self.prior.observe(n1, n2, num_samples)

@@ -11,11 +11,11 @@ a time costs dozens of rounds; this plan decides in a few:
    uncertainty ``P[p1 < p2]`` it is *expected* to have after ``j`` more
    samples. A batch gives its remaining budget to the (question, ``j``)
    slots of largest expected uncertainty (ASC's ranking, looked ahead: a
-   threshold ``tau`` on the expected uncertainty, the budget's Lagrange
-   multiplier); a stream stops at its paced ``tau``. Either way a question's
-   wave is the samples it is expected to need to reach ``tau``. A batch
+   price on the expected uncertainty, the budget's Lagrange multiplier); a
+   stream stops at its paced price. Either way a question's wave is the
+   samples it is expected to need to reach the price. A batch
    policy may value the slots itself (the default policy: the expected fall
-   in the chance of a wrong answer each further sample buys), and ``tau`` is
+   in the chance of a wrong answer each further sample buys), and the price is
    then a price in its unit;
 3. a wave that is not the question's last sends only ``step_share`` of that
    need (but at least what a unanimous question would need to stop there),
@@ -93,24 +93,24 @@ def expected_log_uncertainty(n1: int, n2: int, num_samples: int, further: int) -
     return float(_row(n1, n2, num_samples, further + 1)[further])
 
 
-def expected_need(n1: int, n2: int, num_samples: int, log_tau: float, limit: int) -> int:
-    """Further samples after which ASC's uncertainty is expected at most ``log_tau`` (at most
+def expected_need(n1: int, n2: int, num_samples: int, log_price: float, limit: int) -> int:
+    """Further samples after which ASC's uncertainty is expected at most ``log_price`` (at most
     ``limit``)."""
-    return _need(_row(n1, n2, num_samples, max(1, min(limit, _MAX_ROW))), log_tau)
+    return _need(_row(n1, n2, num_samples, max(1, min(limit, _MAX_ROW))), log_price)
 
 
-def _need(row: NDArray[np.float64], log_tau: float) -> int:
-    """Further samples after which the expected uncertainty is at most ``log_tau``."""
-    return int(np.count_nonzero(row > log_tau))
+def _need(row: NDArray[np.float64], log_price: float) -> int:
+    """Further samples after which the expected uncertainty is at most ``log_price``."""
+    return int(np.count_nonzero(row > log_price))
 
 
-def unanimous_need(n1: int, n2: int, log_tau: float, limit: int) -> int:
-    """Further samples after which the question *could* be at ``log_tau`` (all for the
+def unanimous_need(n1: int, n2: int, log_price: float, limit: int) -> int:
+    """Further samples after which the question *could* be at ``log_price`` (all for the
     leader; at most ``limit``)."""
     j = np.arange(limit, dtype=np.float64)
     with np.errstate(divide="ignore"):
         row = np.log(special.betainc(n1 + 1.0 + j, n2 + 1.0, 0.5))
-    return int(np.count_nonzero(row > log_tau))
+    return int(np.count_nonzero(row > log_price))
 
 
 @dataclass(frozen=True)
@@ -194,28 +194,28 @@ class WavePlan:
         n1: int,
         n2: int,
         num_samples: int,
-        log_tau: float,
+        log_price: float,
         *,
         limit: int,
         rounds_left: int,
     ) -> int:
-        """Samples to send next for one question of a stream, paced at ``log_tau`` (0: done).
+        """Samples to send next for one question of a stream, paced at ``log_price`` (0: done).
 
         Args:
             n1: votes of the leading answer.
             n2: votes of the runner-up.
             num_samples: samples observed (abstentions included).
-            log_tau: the stopping threshold on ASC's uncertainty, in log space.
+            log_price: the stopping threshold on ASC's uncertainty, in log space.
             limit: further samples the question may take (its cap left).
             rounds_left: waves it may still take, this one included.
         """
         if limit <= 0 or rounds_left <= 0:
             return 0
-        need = _need(_row(n1, n2, num_samples, min(limit, _MAX_ROW)), log_tau)
-        # A stream's tau is paced: a last wave of all a contested question is
+        need = _need(_row(n1, n2, num_samples, min(limit, _MAX_ROW)), log_price)
+        # A stream's price is paced: a last wave of all a contested question is
         # expected to need would take samples the pacing then takes from others.
         grown = max(1, math.ceil(self.wave_growth * num_samples))
-        return min(grown, self.step(need, n1, n2, num_samples, log_tau, rounds_left))
+        return min(grown, self.step(need, n1, n2, num_samples, log_price, rounds_left))
 
     def allocate(
         self,
@@ -239,11 +239,11 @@ class WavePlan:
                 most this uncertain already (the budget is a ceiling).
             rows: what each further sample of each question is worth, non-increasing
                 (None: ASC's expected log uncertainty after it); the budget goes to
-                the samples worth most, and ``log tau`` is in their unit.
+                the samples worth most, and the price is in their unit.
 
         Returns:
             Each question's expected need beyond its samples in flight, and the
-            ``log tau`` at which the budget runs out (``log_stop`` when it does not).
+            log price at which the budget runs out (``log_stop`` when it does not).
         """
         floor_need = [
             max(0, min(f, lim) - p) for f, p, lim in zip(floors, pending, limits, strict=True)
@@ -255,20 +255,20 @@ class WavePlan:
                 for (n1, n2, n), lim in zip(states, limits, strict=True)
             ]
         starts = [min(p + f, lim) for p, f, lim in zip(pending, floor_need, limits, strict=True)]
-        log_tau = log_stop
+        log_price = log_stop
         if left > 0:
             slots = [row[s:lim] for row, s, lim in zip(rows, starts, limits, strict=True)]
             values = np.concatenate(slots) if slots else np.zeros(0)
             values = values[values > log_stop]
             if values.size > left:
-                log_tau = float(-np.partition(-values, left)[left])
+                log_price = float(-np.partition(-values, left)[left])
         else:
-            log_tau = math.inf
+            log_price = math.inf
         needs = []
         for row, s, f, lim in zip(rows, starts, floor_need, limits, strict=True):
-            extra = int(np.count_nonzero(row[s:lim] > log_tau))
+            extra = int(np.count_nonzero(row[s:lim] > log_price))
             needs.append(f + extra)
-        return needs, log_tau
+        return needs, log_price
 
     def reach(self, num_samples: int, rounds_left: int) -> int:
         """Samples a question holding ``num_samples`` can reach in ``rounds_left`` waves."""
@@ -280,12 +280,12 @@ class WavePlan:
         n1: int,
         n2: int,
         num_samples: int,
-        log_tau: float,
+        log_price: float,
         rounds_left: int,
         unanimous: int | None = None,
     ) -> int:
         """The wave sent of ``need``: all of it in a question's last round, else a share of it
-        (at least ``unanimous``, what a unanimous question would need to reach ``log_tau``;
+        (at least ``unanimous``, what a unanimous question would need to reach ``log_price``;
         None: by ASC's uncertainty)."""
         if need <= 0:
             return 0
@@ -294,5 +294,5 @@ class WavePlan:
             return need
         share = max(1, math.ceil(self.step_share * need))
         if unanimous is None:
-            unanimous = unanimous_need(n1, n2, log_tau, need)
+            unanimous = unanimous_need(n1, n2, log_price, need)
         return min(need, max(min(share, grown), unanimous))

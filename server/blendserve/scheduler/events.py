@@ -90,7 +90,7 @@ class AnswerEvent:
             ``TRUNCATED_LIMIT`` (3) of its samples since its last vote were cut
             at ``max_tokens``; ``horizon`` when an online pool's wave planner
             stopped it for want of room, not of worth (see
-            :meth:`~blendserve.core.vote_prior.VotePrior.past_horizon`); None
+            :meth:`~blendserve.core.programme.VotePrior.past_horizon`); None
             otherwise.
         thoughts: every voted key whose completion in ``candidates`` came
             with a thought -> that thought (a reasoning model's).

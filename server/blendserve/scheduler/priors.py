@@ -1,6 +1,6 @@
 """What a pool's waves are planned with, built off the event loop.
 
-A client's fitted prior (:class:`~blendserve.core.vote_prior.VotePrior`)
+A client's fitted prior (:class:`~blendserve.core.programme.VotePrior`)
 plans waves with a dynamic programme that takes a few hundred milliseconds
 to build, and tables per price that take tens; a new budget's start price
 is a bisection over such tables. Built on the event loop, they would stall
@@ -24,8 +24,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
+from blendserve.core.programme import VotePrior
 from blendserve.core.stopping import StoppingRule
-from blendserve.core.vote_prior import VotePrior
 
 __all__ = ["Builds", "ready_rule"]
 
@@ -121,8 +121,8 @@ class Builds:
                 del self._running[key]
 
 
-async def ready_rule(rule: StoppingRule, log_tau: float, rounds: int) -> StoppingRule:
-    """``rule`` deciding at ``log_tau`` after ``rounds`` waves without building anything.
+async def ready_rule(rule: StoppingRule, log_price: float, rounds: int) -> StoppingRule:
+    """``rule`` deciding at ``log_price`` after ``rounds`` waves without building anything.
 
     The client's own programme decides where it is built (as ``rule`` would);
     its missing programme is built in the background meanwhile, and its
@@ -134,16 +134,16 @@ async def ready_rule(rule: StoppingRule, log_tau: float, rounds: int) -> Stoppin
     builds = Builds.here()
     rounds_left = max(1, rule.max_rounds - rounds)
     while True:
-        ready = prior.ready(log_tau, rounds_left)
+        ready = prior.ready(log_price, rounds_left)
         if ready is not None:
             return replace(rule, prior=ready)
-        own = prior.need(log_tau, rounds_left)
+        own = prior.need(log_price, rounds_left)
         if prior.programme_built:  # its tables at this price: tens of milliseconds
             await builds.run(own, own.build)
             continue
         builds.later(own, own.build)
-        ready = prior.fallback(log_tau, rounds_left)
+        ready = prior.fallback(log_price, rounds_left)
         if ready is not None:
             return replace(rule, prior=ready)
-        fresh = prior.fallback_need(log_tau, rounds_left)
+        fresh = prior.fallback_need(log_price, rounds_left)
         await builds.run(fresh, fresh.build)

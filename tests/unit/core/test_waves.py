@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 from blendserve.core.policies import HedgePolicy, PolicySpec
-from blendserve.core.vote_value import VoteValue
 from blendserve.core.waves import (
     MIN_REACH,
     WIDE_MAX_ROUNDS,
     WavePlan,
     expected_log_uncertainty,
 )
+from blendserve.core.worth import VoteWorth
 from blendserve.sim.runner import run_sc
 from blendserve.sim.synthetic import synthetic
 from blendserve.sim.waves import run_waves
@@ -95,9 +95,9 @@ def test_allocate_never_plans_beyond_the_budget_or_a_cap(
 
 def test_the_budget_goes_to_the_least_sure_questions_first() -> None:
     states = [(10, 0, 10), (3, 2, 5), (5, 0, 5)]
-    needs, log_tau = WavePlan().allocate(states, [0, 0, 0], [40, 40, 40], [0, 0, 0], 10)
+    needs, log_price = WavePlan().allocate(states, [0, 0, 0], [40, 40, 40], [0, 0, 0], 10)
     assert needs[1] == max(needs) and needs[0] == 0
-    assert log_tau > math.log(1e-3)
+    assert log_price > math.log(1e-3)
 
 
 def test_only_a_last_wave_sends_all_a_question_needs() -> None:
@@ -124,8 +124,8 @@ def test_waves_keep_most_of_the_sequential_saving_on_an_llm_like_family() -> Non
 
 def test_allocate_spends_on_the_rows_it_is_given() -> None:
     rows = [np.log([0.5, 0.4, 0.1]), np.log([0.3, 0.2, 0.05])]
-    needs, log_tau = WavePlan().allocate([(1, 0, 1)] * 2, [0, 0], [3, 3], [0, 0], 3, rows=rows)
-    assert needs == [2, 1] and log_tau == pytest.approx(math.log(0.2))
+    needs, log_price = WavePlan().allocate([(1, 0, 1)] * 2, [0, 0], [3, 3], [0, 0], 3, rows=rows)
+    assert needs == [2, 1] and log_price == pytest.approx(math.log(0.2))
 
 
 def test_a_wave_planned_by_value_stops_where_asc_expects_the_question_settled() -> None:
@@ -152,8 +152,8 @@ def test_a_flat_batch_planned_by_value_sends_its_contested_questions_more() -> N
 
 
 def test_value_gains_fall_and_start_at_the_value_of_a_sample() -> None:
-    value = VoteValue()
+    value = VoteWorth()
     gains = value.log_gains(3, 1, 0.8, 40)
     assert len(gains) == 40 and np.all(np.diff(gains) <= 0)
-    assert gains[0] == pytest.approx(math.log(0.8 * value.value(3, 1)))
+    assert gains[0] == pytest.approx(math.log(0.8 * value.worth(3, 1)))
     assert value.log_gains(9, 0, 1.0, 10)[0] < value.log_gains(5, 4, 1.0, 10)[0]

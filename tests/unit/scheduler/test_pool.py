@@ -59,11 +59,12 @@ def test_questions_stop_once_confident_and_the_pool_meets_its_budget() -> None:
 
     answers = run_coroutine(stream())
     samples = [a.samples for a in answers]
-    assert sum(samples) == engine.stats.samples == pool.pacing().threshold.num_samples
+    assert sum(samples) == engine.stats.samples == pool.client().price.num_samples
     assert abs(sum(samples) / len(samples) / 5 - 1) < 0.15
     # The spec's cap bounds every question (a flat pool learns a lower one).
-    assert max(samples) <= pool.spec.rule().max_num_samples
-    assert pool.rule().max_num_samples <= pool.spec.rule().max_num_samples
+    spec_cap = pool.spec.online.stopping(5).max_num_samples
+    assert max(samples) <= spec_cap
+    assert pool.rule().max_num_samples <= spec_cap
     clear = [
         (i, a) for i, a in enumerate(answers) if _records(240)[i]["answers"].count(str(i)) != 10
     ]
@@ -128,7 +129,7 @@ def test_first_waves_go_before_top_ups_within_the_concurrency() -> None:
 
     answers = run_coroutine(ask())
     assert len(answers) == 20 and engine.stats.max_sequences_in_flight <= 3
-    assert pool._free == 3 and not pool._waiting
+    assert pool.slots.free == 3 and not pool.slots.num_waiting
 
 
 def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
@@ -145,7 +146,7 @@ def test_a_question_whose_caller_leaves_stops_and_does_not_pace() -> None:
         assert engine.stats.in_flight == 0 and pool.num_open == 0
 
     run_coroutine(leave())
-    assert pool.pacing().threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+    assert pool.client().price.num_questions == 0 and pool.slots.free == pool.spec.concurrency
 
 
 def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() -> None:
@@ -171,7 +172,7 @@ def test_cancel_ends_open_questions_with_partial_answers_and_frees_the_pool() ->
     assert event.partial and not event.settled_early
     assert 0 < event.samples == sum(event.votes.values()) == len(engine.served)
     assert event.answer in ("1", "2")
-    assert pool.pacing().threshold.num_questions == 0 and pool._free == pool.spec.concurrency
+    assert pool.client().price.num_questions == 0 and pool.slots.free == pool.spec.concurrency
 
 
 def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
@@ -183,7 +184,7 @@ def test_an_engine_that_always_fails_is_engine_unavailable() -> None:
 
     with pytest.raises(EngineUnavailable):
         run_coroutine(ask())
-    assert math.isfinite(pool.pacing().tau)
+    assert math.isfinite(pool.client().price.price)
 
 
 def test_a_seeded_question_never_sends_the_same_seed_twice() -> None:
@@ -208,7 +209,7 @@ def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() ->
     engine = FakeEngine({"q0": [("cut", 1.0)], "q1": [("7", 0.7), ("8", 0.3)]}, seed=3)
     sink = RecordingStats()
     pool = Pool(PoolSpec(budget_per_question=7), engine, _keyer, sink=sink)
-    first_wave = pool.rule().wave_size(0, 0, 0, 0, pool.pacing().threshold.log_tau)
+    first_wave = pool.rule().wave_size(0, 0, 0, 0, pool.client().price.log_price)
     assert TRUNCATED_LIMIT <= first_wave <= 4  # the first wave alone is enough to stop
 
     async def ask() -> list[AnswerEvent]:
@@ -223,18 +224,18 @@ def test_a_question_whose_samples_keep_being_cut_stops_after_its_first_wave() ->
     assert fine.stopped is None and fine.answer == "7" and fine.settled_early
     assert fine.samples == served["q1"] >= cut.samples
     # Only the answered question paces tau; the cut one is reported as not settled.
-    paced = pool.pacing().threshold
+    paced = pool.client().price
     assert paced.num_questions == 1 and paced.num_samples == fine.samples
     answered = sorted((args[0], args[3]) for args in sink.of("answered"))
     assert answered == sorted([(cut.samples, False), (fine.samples, True)])
-    assert pool.num_open == 0 and pool._free == pool.spec.concurrency
+    assert pool.num_open == 0 and pool.slots.free == pool.spec.concurrency
 
 
 def test_a_clients_flood_of_unanimous_questions_does_not_move_another_clients_pacing() -> None:
     records = [{"id": f"e{i}", "answers": ["7"]} for i in range(200)] + _records(40, seed=4)
     engine = ReplayEngine(records, seed=1)
     pool = Pool(PoolSpec(budget_per_question=8), engine, _keyer)
-    fresh = pool.spec.threshold().tau
+    fresh = pool.spec.price().price
 
     async def flood() -> list[AnswerEvent]:
         answers = []
@@ -247,24 +248,26 @@ def test_a_clients_flood_of_unanimous_questions_does_not_move_another_clients_pa
         return answers
 
     run_coroutine(flood())
-    flooding, other = pool.pacing("flood"), pool.pacing("other")
-    # The flooding client's threshold fell towards its own spend of the budget (unanimous
+    flooding, other = pool.client("flood"), pool.client("other")
+    # The flooding client's price fell towards its own spend of the budget (unanimous
     # questions are worth little more than their first wave) ...
-    assert flooding.tau < fresh / 4 and flooding.flatness.disagreement < 0.1
-    assert 0.5 < flooding.threshold.mean_samples / 8 < 1.2
-    # ... and the other client starts where a fresh pool does: tau, first wave and cap.
-    assert other.tau == fresh and other.threshold.num_questions == 0
-    assert pool.rule("other") == pool.spec.rule(Flatness())
+    assert flooding.price.price < fresh / 4 and flooding.learning.flatness.disagreement < 0.1
+    assert 0.5 < flooding.price.mean_samples / 8 < 1.2
+    # ... and the other client starts where a fresh pool does: price, first wave and cap.
+    assert other.price.price == fresh and other.price.num_questions == 0
+    budget = pool.spec.budget_per_question
+    assert budget is not None
+    assert pool.rule("other") == pool.spec.online.stopping(budget, Flatness())
     assert pool.rule("flood").min_first < pool.rule("other").min_first == 4
 
     async def ask() -> list[AnswerEvent]:
         return list(await asyncio.gather(*(pool.submit(_question(i), "other") for i in range(40))))
 
     answers = run_coroutine(ask())
-    assert other.threshold.num_questions == 40 == len(answers)
+    assert other.price.num_questions == 40 == len(answers)
     assert pool.num_questions == 240 and pool.mean_samples == pool.num_samples / 240
     # The pool's unnamed client is a client of its own.
-    assert pool.pacing().threshold.num_questions == 0
+    assert pool.client().price.num_questions == 0
 
 
 def test_each_client_keys_with_a_keyer_of_its_own_and_idle_clients_are_forgotten() -> None:
@@ -287,16 +290,16 @@ def test_each_client_keys_with_a_keyer_of_its_own_and_idle_clients_are_forgotten
     )
 
     async def scenario() -> None:
-        first = pool.pacing("a")  # keyer 0
+        first = pool.client("a")  # keyer 0
         await pool.submit(_question(0), "a")
         await pool.submit(_question(1), "b")  # keyer 1
-        assert pool.pacing("a") is first  # known, and now the most recent
+        assert pool.client("a") is first  # known, and now the most recent
         open_c = pool.submit(_question(2), "c")  # keyer 2; over max_clients: b, idle, goes
-        pool.pacing("d")  # keyer 3; a is idle and goes, c's question is open: c stays
-        assert pool.pacing("c").num_open == 1 and not open_c.done()
+        pool.client("d")  # keyer 3; a is idle and goes, c's question is open: c stays
+        assert pool.client("c").num_open == 1 and not open_c.done()
         await open_c
-        assert pool.pacing("c").num_open == 0
-        assert pool.pacing("a") is not first  # forgotten: keyer 4, its pacing from the start
+        assert pool.client("c").num_open == 0
+        assert pool.client("a") is not first  # forgotten: keyer 4, its pacing from the start
 
     run_coroutine(scenario())
     assert next(made) == 5

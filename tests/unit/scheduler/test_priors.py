@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 from blendserve.answers import extract
-from blendserve.core import vote_prior
+from blendserve.core import programme
+from blendserve.core.programme import ReadyPrior, VotePrior
 from blendserve.core.stopping import StoppingRule
-from blendserve.core.vote_prior import ReadyPrior, VotePrior
 from blendserve.engines.replay import ReplayEngine
 from blendserve.scheduler import Question
 from blendserve.scheduler.pool import Pool, PoolSpec
@@ -78,9 +78,9 @@ def test_a_decision_never_waits_for_a_programme_and_has_it_built_meanwhile() -> 
     state = (5, 3, 2, 8)
     need = prior.need(_PRICE, 3)
     release = threading.Event()
-    build = vote_prior.Need.build
+    build = programme.Need.build
 
-    def held(self: vote_prior.Need) -> None:
+    def held(self: programme.Need) -> None:
         if self == need:  # the client's own programme waits until it has been looked for
             release.wait(30)
         build(self)
@@ -95,7 +95,7 @@ def test_a_decision_never_waits_for_a_programme_and_has_it_built_meanwhile() -> 
         return wave, built, await ready_rule(rule, _PRICE, 1)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vote_prior.Need, "build", held)
+        patch.setattr(programme.Need, "build", held)
         early, built_then, later = run_coroutine(decide())
     assert not built_then and prior.programme_built
     # Meanwhile a new stream's programme decided; then the client's own, as the rule does.
@@ -108,7 +108,7 @@ def test_a_decision_never_waits_for_a_programme_and_has_it_built_meanwhile() -> 
 def test_a_new_pools_start_price_is_computed_off_the_loop() -> None:
     engine = ReplayEngine([{"id": "q", "answers": ["4"]}], seed=0)
     pool = Pool(PoolSpec(budget_per_question=6.5), engine, _number)
-    assert not vote_prior.start_log_price_known(6.5, pool.spec.max_rounds)
+    assert not programme.start_log_price_known(6.5, pool.spec.max_rounds)
 
     async def ask() -> int:
         event = await pool.submit(Question("q", prompt="q"))
@@ -116,18 +116,18 @@ def test_a_new_pools_start_price_is_computed_off_the_loop() -> None:
 
     loop_thread = threading.get_ident()
     built_on: list[int] = []
-    original = vote_prior._Programme._extend
+    original = programme._Programme._extend
 
-    def extend(self: vote_prior._Programme, *args: object) -> None:
+    def extend(self: programme._Programme, *args: object) -> None:
         built_on.append(threading.get_ident())
         original(self, *args)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vote_prior._Programme, "_extend", extend)
+        patch.setattr(programme._Programme, "_extend", extend)
         assert run_coroutine(ask()) >= 1
-    assert vote_prior.start_log_price_known(6.5, pool.spec.max_rounds)
+    assert programme.start_log_price_known(6.5, pool.spec.max_rounds)
     assert built_on and loop_thread not in built_on
-    assert pool.num_open == 0 and pool.pacing().threshold.num_questions == 1
+    assert pool.num_open == 0 and pool.client().price.num_questions == 1
 
 
 async def _number(text: str) -> tuple[str | None, str | None]:
@@ -139,12 +139,12 @@ def test_clients_idle_for_the_pools_idle_time_are_forgotten() -> None:
     engine = ReplayEngine([{"id": "q", "answers": ["4"]}], seed=0)
     spec = PoolSpec(budget_per_question=4)
     idle = Pool(spec, engine, _number, idle_client_s=0.0)
-    first = idle.pacing("a")
-    idle.pacing("b")
-    idle.pacing("c")  # a and b have no open question and are past their idle time
-    assert list(idle._clients) == ["c"] and idle.pacing("a") is not first
+    first = idle.client("a")
+    idle.client("b")
+    idle.client("c")  # a and b have no open question and are past their idle time
+    assert list(idle.clients) == ["c"] and idle.client("a") is not first
     kept = Pool(spec, engine, _number)  # ten minutes
-    first = kept.pacing("a")
-    kept.pacing("b")
-    assert kept.pacing("a") is first and list(kept._clients) == ["b", "a"]
+    first = kept.client("a")
+    kept.client("b")
+    assert kept.client("a") is first and list(kept.clients) == ["b", "a"]
     assert kept.idle(kept.seen + 601) and not kept.idle(kept.seen + 1)

@@ -102,7 +102,7 @@ def test_a_pool_reports_each_question_its_rounds_and_its_pacing() -> None:
     assert sum(p[1] for p in paced) == pool.num_rounds >= 3
     assert all(tau > 0 for _, _, tau, _, _ in paced)
     assert paced[-1][3:] == (pool.mean_samples, pool.pacing_error)
-    assert pool.mean_samples == pool.pacing().threshold.mean_samples  # one client: its mean
+    assert pool.mean_samples == pool.client().price.mean_samples  # one client: its mean
     assert sorted(s for s, _, _, _ in sink.of("answered")) == sorted(a.samples for a in answers)
     assert sink.level("queued") == 0 and sink.level("in_flight") == 0
     levels = list(itertools.accumulate(n for (n,) in sink.of("in_flight")))

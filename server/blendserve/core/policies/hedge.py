@@ -8,7 +8,7 @@ plain self-consistency at the same spend. ASC's ``P[p1 < p2]`` is the chance
 that the leader is wrong under a flat prior on the leader's share, the same
 for every batch. The default (``rank="value"``) learns that prior from the
 batch's own votes once every question has ``probe`` samples
-(:class:`~blendserve.core.vote_value.VoteValue`) and gives the next sample
+(:class:`~blendserve.core.worth.VoteWorth`) and gives the next sample
 to the question where it is expected to lower the chance of a wrong answer
 most; a wave plan (:meth:`HedgePolicy.plan_waves`) gives the remaining
 budget to the samples expected to lower it most. On a flat batch that keeps
@@ -38,8 +38,8 @@ from blendserve.core.flatness import PROBE, cap_multiple, floor_share
 from blendserve.core.policies.priority import PriorityPolicy
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.uncertainty import asc_log_uncertainty
-from blendserve.core.vote_value import VoteValue
 from blendserve.core.waves import WavePlan, expected_need, unanimous_need
+from blendserve.core.worth import VoteWorth
 
 __all__ = ["DEFAULT_STOP", "RANKS", "HedgePolicy"]
 
@@ -100,7 +100,7 @@ class HedgePolicy(PriorityPolicy):
             raise ValueError(f"rank must be one of {', '.join(RANKS)}, got {rank!r}")
         self._rank = rank
         # Ranks by the value of a vote once the probe is back.
-        self._value: VoteValue | None = None
+        self._worth: VoteWorth | None = None
         self.probe = min(probe, budget // max(1, num_questions))
         self._fixed_floor = floor
         self._floor = self.probe  # samples every question gets before ranking
@@ -127,7 +127,7 @@ class HedgePolicy(PriorityPolicy):
             pending = self.num_pending_of[q]
             return _FLOOR_PRIORITY + assigned + (0.5 * pending / assigned if pending else 0.0)
         n1, n2, _ = self.rank_state(q)
-        if self._value is not None and (value := self._value.value(n1, n2)) > 0:
+        if self._worth is not None and (value := self._worth.worth(n1, n2)) > 0:
             return -value * (n1 + n2 + 1) / (assigned + 2)  # a sample's share of the top two
         # No value within the look-ahead (a long near-tie): after every question with one,
         # by ASC (a log uncertainty is below log 1/2).
@@ -195,8 +195,8 @@ class HedgePolicy(PriorityPolicy):
             max(0, min(cap, plan.reach(observed[q], plan.max_rounds - rounds[q])) - observed[q])
             for q in open_questions
         ]
-        rows = self._value_rows(open_questions, limits)
-        needs, log_tau = plan.allocate(
+        rows = self._worth_rows(open_questions, limits)
+        needs, log_price = plan.allocate(
             [(votes.n1[q], votes.n2[q], observed[q]) for q in open_questions],
             [self.num_pending_of[q] for q in open_questions],
             limits,
@@ -210,8 +210,8 @@ class HedgePolicy(PriorityPolicy):
             if self.num_pending_of[q]:
                 continue
             n1, n2, n = votes.n1[q], votes.n2[q], observed[q]
-            unanimous = None if rows is None else self._unanimous(q, need, log_tau)
-            k = plan.step(need, n1, n2, n, log_tau, plan.max_rounds - rounds[q], unanimous)
+            unanimous = None if rows is None else self._unanimous(q, need, log_price)
+            k = plan.step(need, n1, n2, n, log_price, plan.max_rounds - rounds[q], unanimous)
             sizes[q] = max(0, k)
         return sizes
 
@@ -220,27 +220,27 @@ class HedgePolicy(PriorityPolicy):
         votes = self.votes
         return (votes.n1[q] + votes.n2[q] + 1) / (votes.num_samples[q] + 2)
 
-    def _value_rows(
+    def _worth_rows(
         self, questions: list[int], limits: list[int]
     ) -> list[NDArray[np.float64]] | None:
         """Each question's further samples, valued (None: ranked by ASC), each row as long as
         ASC expects the question to need to reach ``stop`` (the budget is a ceiling)."""
-        if self._value is None:
+        if self._worth is None:
             return None
         votes = self.votes
         rows = []
         for q, limit in zip(questions, limits, strict=True):
             n1, n2, n = votes.n1[q], votes.n2[q], votes.num_samples[q]
             ceiling = expected_need(n1, n2, n, self._log_stop, limit)
-            rows.append(self._value.log_gains(n1, n2, self._share(q), max(1, ceiling)))
+            rows.append(self._worth.log_gains(n1, n2, self._share(q), max(1, ceiling)))
         return rows
 
-    def _unanimous(self, q: int, need: int, log_tau: float) -> int:
+    def _unanimous(self, q: int, need: int, log_price: float) -> int:
         """What a wave of ``q`` all for its leader would need: to fall to the plan's
-        ``log_tau``, and never past ASC's stop."""
-        assert self._value is not None
+        ``log_price``, and never past ASC's stop."""
+        assert self._worth is not None
         n1, n2 = self.votes.n1[q], self.votes.n2[q]
-        by_value = self._value.unanimous(n1, n2, self._share(q), log_tau, need)
+        by_value = self._worth.unanimous(n1, n2, self._share(q), log_price, need)
         return min(by_value, unanimous_need(n1, n2, self._log_stop, need))
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
@@ -253,13 +253,13 @@ class HedgePolicy(PriorityPolicy):
                 self._set_floor(self._num_flat / self.num_questions)
         if votes.n1[q] > 0 and asc_log_uncertainty(votes.n1[q], votes.n2[q]) <= self._log_stop:
             self._finish(q)
-        if self._value is not None and self._value.due():
+        if self._worth is not None and self._worth.due():
             self._refit()
 
     def _refit(self) -> None:
         """Refits the value of a vote to every question's votes; re-ranks if it changed."""
-        assert self._value is not None
-        if self._value.fit(self._top_two_votes()):
+        assert self._worth is not None
+        if self._worth.fit(self._top_two_votes()):
             for q in range(self.num_questions):
                 self._on_rank_change(q)
 
@@ -271,8 +271,8 @@ class HedgePolicy(PriorityPolicy):
         self.disagreement = disagreement
         share = self._fixed_floor
         if self._rank == "value":
-            self._value = VoteValue(refit_every=max(64, self.num_questions))
-            self._value.fit(self._top_two_votes())
+            self._worth = VoteWorth(refit_every=max(64, self.num_questions))
+            self._worth.fit(self._top_two_votes())
         elif share is None:
             share = floor_share(disagreement)
         self._floor = max(self.probe, math.floor((share or 0.0) * self.budget / self.num_questions))

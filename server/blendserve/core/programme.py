@@ -1,38 +1,25 @@
-"""Waves for a stream of questions, planned against what the stream's past questions looked like.
+"""A stream's waves: the Bayes-optimal ones under its learned prior, at a price per vote.
 
-A question of a stream gets at most ``R`` waves. Which sizes are best
-depends on how contested the stream's questions tend to be: where most are
-near-unanimous a small first wave settles them; where many are close, a
-question whose first votes agree is often still wrong. :class:`VotePrior`
-learns that from the stream itself, as a distribution of each question's
-share ``x = p1 / (p1 + p2)`` of its leading answer among its top two (a
-grid, fitted by EM to the finished questions' top-two votes; the stopping
-rule is ignorable for that likelihood). Given it, the waves are the Bayes
-optimal ones of a dynamic programme over the vote state ``(n1, n2)`` and the
-rounds left: each round either stops, with the posterior chance that the
-leader is not the mode as its cost, or buys ``w`` more top-two votes at a
-``price`` each. The price plays the part of the online rule's ``tau``: the
-stream's pacing learns it so that the mean spend meets the budget.
+A question of a stream gets at most ``R`` waves. Given the stream's
+:class:`~blendserve.core.prior.SharePrior`, a dynamic programme over the
+vote state ``(n1, n2)`` and the rounds left chooses them: each round either
+stops, at the posterior chance that the leader is not the mode, or buys
+``w`` more top-two votes at the price each (paced to the budget by
+:class:`~blendserve.core.price.PacedPrice`). A wave of ``w`` votes is sent
+as ``w`` divided by the question's (else the stream's) share of top-two votes.
 
-Samples that vote for neither of the top two answers are not votes the
-programme counts; a wave of ``w`` votes is sent as ``w`` divided by the
-question's (else the stream's) share of top-two votes. Pure; the pools and
-the simulator's online method share it.
-
-A programme takes a few hundred milliseconds to build, and its tables at a new
-price tens. :meth:`VotePrior.wave` builds what it needs; a caller that must not
-wait for a build (the pools' event loop) asks :meth:`VotePrior.ready` instead,
-which builds nothing, decides with :meth:`VotePrior.fallback` while the prior's
-own programme is missing, and has the missing parts built elsewhere
-(:meth:`Need.build`). Builds must not run two at a time; lookups may run beside
-one.
+A programme takes a few hundred milliseconds to build, its tables at a new
+price tens. :meth:`VotePrior.wave` builds what it needs; a caller that must
+not wait (the pools' event loop) asks :meth:`VotePrior.ready`, which builds
+nothing, decides with :meth:`VotePrior.fallback` while the prior's own
+programme is missing, and has the missing parts built elsewhere
+(:meth:`Need.build`). Builds never run two at a time; lookups may run beside one.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -40,29 +27,20 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special, stats
 
+from blendserve.core.prior import SHARES, SharePrior
+
 __all__ = [
-    "SHARES",
     "Need",
     "ReadyPrior",
     "VotePrior",
-    "fit_shares",
-    "rounded_weights",
     "start_log_price",
     "start_log_price_known",
 ]
 
-#: The grid of the leader's share ``x`` of the top two: even steps over [0.5, 0.98],
-#: and two points near 1 for the unanimous questions.
-SHARES = np.r_[np.linspace(0.5, 0.98, 25), 0.995, 1.0 - 1e-6]
 # Wave sizes the programme chooses among (top-two votes).
 _SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
 # Log-price buckets: tables are computed once per bucket.
 _STEP = 0.1
-_EM_ITERATIONS = 200
-# Added to every grid weight in each EM step, so no share is ruled out for good.
-_EM_FLOOR = 1e-4
-# Top-two share assumed of a stream before any question (pseudo-counts).
-_SHARE_PRIOR = (1.0, 1.0)
 # A wave is sized for a top-two share of at least this.
 _MIN_SHARE = 0.2
 # log_price_for searches between these.
@@ -88,32 +66,6 @@ _CLOCK = itertools.count()
 def _bucket(log_price: float) -> int:
     """The price bucket whose tables decide at ``log_price``."""
     return round(log_price / _STEP)
-
-
-def fit_shares(votes: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Grid weights of the leader's share among the top two, fitted by EM to
-    ``votes[i] = (n1, n2)``, the top-two votes of each question seen."""
-    a, b = votes[:, :1], votes[:, 1:]
-    log_x, log_y = np.log(SHARES)[None], np.log1p(-SHARES)[None]
-    # Scaled per question (a common factor of both terms): the EM step is unchanged
-    # and no row underflows, however many votes a question holds.
-    first, second = a * log_x + b * log_y, b * log_x + a * log_y
-    top = np.maximum(first.max(axis=1, keepdims=True), second.max(axis=1, keepdims=True))
-    likelihood = np.exp(first - top) + np.exp(second - top)
-    weights = np.full(len(SHARES), 1.0 / len(SHARES))
-    for _ in range(_EM_ITERATIONS):
-        joint = likelihood * weights
-        joint /= joint.sum(axis=1, keepdims=True)
-        weights = joint.mean(axis=0) + _EM_FLOOR
-        weights /= weights.sum()
-    return weights
-
-
-def rounded_weights(weights: NDArray[np.float64], decimals: int) -> tuple[float, ...]:
-    """Grid weights rounded to ``decimals`` (none zero, summing to 1): the name under which
-    priors alike share what is computed from them."""
-    rounded = np.round(weights, decimals) + 10.0**-decimals
-    return tuple((rounded / rounded.sum()).tolist())
 
 
 @lru_cache(maxsize=len(_SIZES))
@@ -376,8 +328,9 @@ class ReadyPrior:
         return self.wave(n1, n2, n1 + n2, log_price, 1) == 0
 
 
-class VotePrior:
-    """A stream's learned distribution of how contested its questions are, and the waves it implies.
+class VotePrior(SharePrior):
+    """A stream's learned prior (:class:`~blendserve.core.prior.SharePrior`) and the waves it
+    implies.
 
     Args:
         max_votes: top-two votes a question may hold in the programme.
@@ -386,46 +339,19 @@ class VotePrior:
     """
 
     def __init__(self, *, max_votes: int = 64, refit_every: int = 50, history: int = 1000) -> None:
-        if not 1 <= max_votes <= 255 or refit_every < 1 or history < 1:
-            raise ValueError("max_votes must be in [1, 255], refit_every and history at least 1")
+        if not 1 <= max_votes <= 255:
+            raise ValueError("max_votes must be in [1, 255]")
+        super().__init__(refit_every=refit_every, history=history)
         self.max_votes = max_votes
-        self.refit_every = refit_every
-        self._observed: deque[tuple[int, int]] = deque(maxlen=history)
-        self._since_fit = 0
-        self._top_two = list(_SHARE_PRIOR)
-        self.weights = np.full(len(SHARES), 1.0 / len(SHARES))
-        self._key = self._name()
+        self._key = self.key(_DECIMALS)
         self._previous: tuple[float, ...] | None = None  # the key before the last refit
 
-    @property
-    def top_two_share(self) -> float:
-        """The stream's share of samples that voted for a question's top two answers."""
-        return self._top_two[0] / self._top_two[1]
-
-    def observe(self, n1: int, n2: int, num_samples: int) -> None:
-        """A question finished with ``n1`` and ``n2`` votes for its top two of ``num_samples``."""
-        if num_samples <= 0:
-            return
-        self._observed.append((n1, n2))
-        self._top_two[0] += n1 + n2
-        self._top_two[1] += num_samples
-        self._since_fit += 1
-        if self._since_fit >= self.refit_every:
-            self.fit()
-
-    def fit(self) -> None:
-        """Refits the grid's weights to the questions seen (EM)."""
-        self._since_fit = 0
-        if not self._observed:
-            return
-        self.weights = fit_shares(np.asarray(self._observed, dtype=np.float64))
-        key = self._name()
+    def fit(self, votes: NDArray[np.float64] | None = None) -> None:
+        """Refits the weights (see :meth:`SharePrior.fit`); the programme follows them."""
+        super().fit(votes)
+        key = self.key(_DECIMALS)
         if key != self._key:
             self._previous, self._key = self._key, key
-
-    def _name(self) -> tuple[float, ...]:
-        """The weights rounded: priors alike share one programme."""
-        return rounded_weights(self.weights, _DECIMALS)
 
     def _programme(self) -> _Programme:
         return _programme(self._key, self.max_votes)
@@ -481,7 +407,8 @@ class VotePrior:
             n1: votes of the leading answer.
             n2: votes of the runner-up.
             num_samples: samples observed (other answers and abstentions included).
-            log_price: the log price of a top-two vote, in units of error (the paced ``tau``).
+            log_price: the log price of a top-two vote, in units of error (paced by
+                :class:`~blendserve.core.price.PacedPrice`).
             rounds_left: waves it may still take, this one included.
         """
         if rounds_left <= 0:

@@ -1,16 +1,14 @@
-"""What one more sample of a question is worth, under how contested the batch's questions are.
+"""What further votes of a batch's question are worth, under the batch's learned prior.
 
 ASC ranks questions by ``P[p1 < p2]`` under a flat prior on the leader's
-share, the same for every batch. :class:`VoteValue` learns that share's
-distribution, ``x = p1 / (p1 + p2)``, from the batch's own votes (the grid
-and EM fit of :mod:`blendserve.core.vote_prior`) and values a question by
-the most that further top-two votes can lower the chance that its leader is
-not the mode, per vote: the best over 1 to :data:`LOOK_AHEAD` more votes (one
-vote often cannot turn a count, a few can). Where most questions are close,
-that keeps sampling a question whose first votes agree (agreement by luck is
-common there) and spends less on near-ties that a few votes will not break;
-where most are clear, it is close to ASC. The policy samples the question of
-highest value first.
+share, the same for every batch. :class:`VoteWorth` fits that share's
+distribution to the batch's own votes (:class:`~blendserve.core.prior.SharePrior`)
+and values a question by the most that further top-two votes can lower the
+chance that its leader is not the mode, per vote: the best over 1 to
+:data:`LOOK_AHEAD` more votes (one vote often cannot turn a count, a few
+can). Where most questions are close, that keeps sampling a question whose
+first votes agree by luck and spends less on near-ties a few votes will not
+break; where most are clear, it is close to ASC.
 
 Pure; memoised per fitted prior.
 """
@@ -25,9 +23,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from blendserve.core.vote_prior import SHARES, fit_shares, rounded_weights
+from blendserve.core.prior import SHARES, SharePrior
 
-__all__ = ["LOOK_AHEAD", "VoteValue"]
+__all__ = ["LOOK_AHEAD", "VoteWorth"]
 
 #: Further top-two votes a value looks ahead at most.
 LOOK_AHEAD = 8
@@ -136,8 +134,8 @@ def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
     return float(_falls(_expected_errors(weights, n1, n2, LOOK_AHEAD + 1), 1)[0])
 
 
-class VoteValue:
-    """A batch's learned prior on its questions' leading shares, and the value of a vote.
+class VoteWorth:
+    """A batch's learned prior on its questions' leading shares, and what a vote is worth.
 
     Args:
         refit_every: votes between fits (the fit reads every question's votes).
@@ -148,12 +146,13 @@ class VoteValue:
             raise ValueError(f"refit_every must be at least 1, got {refit_every}")
         self.refit_every = refit_every
         self._since_fit = 0
-        self._name = rounded_weights(np.full(len(SHARES), 1.0 / len(SHARES)), _DECIMALS)
+        self.prior = SharePrior()
+        self._name = self.prior.key(_DECIMALS)
         self._table = _chances(self._name).values
 
     @property
     def weights(self) -> tuple[float, ...]:
-        """The fitted grid weights (rounded), over :data:`~blendserve.core.vote_prior.SHARES`."""
+        """The fitted grid weights (rounded), over :data:`~blendserve.core.prior.SHARES`."""
         return self._name
 
     def due(self) -> bool:
@@ -162,17 +161,18 @@ class VoteValue:
         return self._since_fit >= self.refit_every
 
     def fit(self, votes: NDArray[np.float64]) -> bool:
-        """Refits to ``votes[i] = (n1, n2)`` of the questions with votes; whether values changed."""
+        """Refits to ``votes[i] = (n1, n2)`` of the questions with votes; whether worths changed."""
         self._since_fit = 0
         votes = votes[votes.sum(axis=1) > 0]
         if not len(votes):
             return False
-        name = rounded_weights(fit_shares(votes), _DECIMALS)
+        self.prior.fit(votes)
+        name = self.prior.key(_DECIMALS)
         changed, self._name = name != self._name, name
         self._table = _chances(name).values
         return changed
 
-    def value(self, n1: int, n2: int) -> float:
+    def worth(self, n1: int, n2: int) -> float:
         """How much one more top-two vote lowers, at best, the chance that the leader is
         wrong (per vote, over 1 to :data:`LOOK_AHEAD` votes): larger is sampled first."""
         if n1 < _TABLED and n2 < _TABLED:
@@ -194,11 +194,11 @@ class VoteValue:
         # threshold then falls between them, not on all of them.
         return np.asarray(np.minimum.accumulate(gains) - _TIE * np.arange(samples), np.float64)
 
-    def unanimous(self, n1: int, n2: int, share: float, log_tau: float, limit: int) -> int:
+    def unanimous(self, n1: int, n2: int, share: float, log_price: float, limit: int) -> int:
         """Further samples, all for the leader, after which a sample is worth at most
-        ``log_tau`` (at most ``limit``)."""
+        ``log_price`` (at most ``limit``)."""
         for m in range(limit):
-            worth = share * self.value(n1 + m, n2)
-            if worth <= 0 or math.log(worth) <= log_tau:
+            worth = share * self.worth(n1 + m, n2)
+            if worth <= 0 or math.log(worth) <= log_price:
                 return m
         return limit

@@ -1,7 +1,8 @@
 """The stream's learned prior and the waves its dynamic programme sizes."""
 
 import pytest
-from blendserve.core.vote_prior import SHARES, VotePrior, start_log_price
+from blendserve.core.prior import SHARES
+from blendserve.core.programme import VotePrior, start_log_price
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

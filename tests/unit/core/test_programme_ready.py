@@ -3,8 +3,8 @@
 import copy
 
 import pytest
-from blendserve.core import vote_prior
-from blendserve.core.vote_prior import VotePrior, start_log_price, start_log_price_known
+from blendserve.core import programme
+from blendserve.core.programme import VotePrior, start_log_price, start_log_price_known
 
 from tests.support.priors import fitted_prior, no_built_programmes
 
@@ -22,7 +22,7 @@ _STATES = [(n1, n2, s) for n1 in range(0, 20, 3) for n2 in range(0, n1 + 1, 2) f
 def test_ready_builds_nothing_and_then_decides_as_the_prior() -> None:
     prior = fitted_prior([0.97] * 50 + [0.62] * 50)
     assert prior.ready(_PRICE, 4) is None and not prior.programme_built
-    assert vote_prior._PROGRAMMES.nbytes == 0  # asking built nothing
+    assert programme._PROGRAMMES.nbytes == 0  # asking built nothing
     prior.need(_PRICE, 4).build()
     ready = prior.ready(_PRICE, 4)
     assert ready is not None and prior.programme_built
@@ -73,8 +73,8 @@ def test_programmes_are_kept_within_a_byte_budget_and_a_new_streams_is_never_dro
     fresh = VotePrior()
     fresh.need(_PRICE, 1).build()
     one = fresh._programme().nbytes
-    kept = vote_prior._Programmes(budget=int(3.5 * one))
-    monkeypatch.setattr(vote_prior, "_PROGRAMMES", kept)
+    kept = programme._Programmes(budget=int(3.5 * one))
+    monkeypatch.setattr(programme, "_PROGRAMMES", kept)
     priors = [fresh] + [fitted_prior([x] * 60) for x in (0.6, 0.8, 0.95)]
     for prior in priors:
         prior.need(_PRICE, 1).build()
