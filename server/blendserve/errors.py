@@ -1,15 +1,4 @@
-"""The exception tree of blendserve.
-
-    BlendserveError
-    ├── EngineError                 an engine could not produce samples
-    │   ├── EngineTimeout           the deadline passed
-    │   ├── EngineUnavailable       no upstream could be reached (or all are unhealthy)
-    │   │   └── EngineDown          the engine's own server process died: no retry helps
-    │   └── EngineProtocolError     an upstream answered something we cannot use
-    ├── SchedulerError              a job could not run to completion
-    ├── ServiceOverloaded           too many jobs or questions at once (``retry_after``)
-    └── InvalidRequest      bad input from a caller (also a ValueError), with ``param``
-        └── ModelNotFound           the request names a model the engine does not serve
+"""The exception tree of blendserve, rooted at :class:`BlendserveError`.
 
 Engines wrap httpx2 and vLLM errors at their seam (``raise ... from exc``);
 only the service layer maps these to HTTP status codes.

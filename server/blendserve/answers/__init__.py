@@ -1,40 +1,12 @@
-"""Answer extraction and canonical voting keys: right, fast, and never hanging.
+"""Answer extraction and canonical voting keys: the library API and a job's keyer.
 
-Self-consistency is only as good as its vote: samples that give the same answer
-in different forms (``\\frac12``, ``0.5``, ``\\dfrac{1}{2}``) must share a key, and
-a truncated sample must not vote at all (:func:`extract` returns None).
-
-``number``, ``choice``, ``exact`` and ``regex`` keys are cheap and computed
-inline. ``math`` (and ``auto``) keys come from sympy, which can run away on
-inputs such as ``10^{10^{10}}``, so:
-
-* answers over a few hundred characters, power towers, huge exponents and
-  factorials never reach sympy (they key as a normalised string);
-* the rest run in a small pool of persistent worker processes, each answer
-  under a hard deadline (default 2 s); a worker past it is killed and replaced
-  and the answer keys as a normalised string;
-* keys are cached per distinct (cleaned) answer, so 40 samples with 4 distinct
-  answers parse 4 times, and concurrent requests for one answer parse it once;
-* the workers are shared fairly between owners (:class:`KeyOwner`, one per
-  job): the owner that has used them least goes next, so a job whose answers
-  are slow never queues another job's quick answers behind its own.
-
-:func:`aextract`, :func:`acanonical_key` and the keyers of :func:`make_keyer` never
-block an event loop: any
-work that may wait on the pool runs on a small thread executor. Workers stop at
-interpreter exit, or at :func:`shutdown`.
-
-These functions share one default :class:`AnswerKeys` (workers, cache,
-counters); a service can hold an :class:`AnswerKeys` of its own instead.
-
-Every kind reads a sample's final answer, never a reasoning model's thought:
-the text after the closing tag (``</think>`` by default, with or without the
-opening one), or harmony's ``final`` channel; a sample whose thought never
-closed abstains (see :func:`~blendserve.core.answers.read_thought`).
-
-The ``regex`` kind runs the caller's pattern with the ``regex`` module's timeout
-(0.25 s; past it the sample abstains). Without that module installed, the
-standard ``re`` search runs in the worker pool under a 1 s deadline instead.
+Samples that give one answer in different forms (``\\frac12``, ``0.5``) share a
+key, and a truncated sample, or one whose thought never closed, abstains.
+``math`` and ``auto`` keys come from sympy, run in worker processes under a
+deadline so that no answer can hang a caller, cached per distinct answer and
+shared fairly between owners (:class:`KeyOwner`); the ``a``-functions and the
+keyers never block an event loop. The module functions share one default
+:class:`AnswerKeys`; a service may hold its own. docs/policies.md has the rules.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A small pool of persistent worker processes that run slow pure functions under a deadline.
 
-sympy cannot be interrupted from another thread, and math-verify's own timeout
-(``signal.alarm``) works only in the main thread and does not stop every
-runaway computation. So sympy work runs in separate processes: each call gets
-a hard wall-clock deadline, and a worker that misses it is killed. Its
-replacement is launched at once and warms up (imports sympy, parses once) in the
-background; that start-up never counts against a call's deadline.
-
-On POSIX a worker is a fresh interpreter (``subprocess`` plus a socket pair), so
-the caller's ``__main__`` is never re-imported: scripts without an
-``if __name__ == "__main__"`` guard work. Elsewhere the ``multiprocessing``
-``spawn`` context is used (which needs that guard).
+sympy cannot be interrupted from another thread, so its work runs in worker
+processes, and one that misses a call's deadline is killed and replaced (the
+replacement warms up in the background). On POSIX a worker is a fresh
+interpreter, so the caller's ``__main__`` is never re-imported; elsewhere the
+``multiprocessing`` ``spawn`` context is used (which needs a main guard).
 """
 
 from __future__ import annotations

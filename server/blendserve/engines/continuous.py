@@ -1,20 +1,11 @@
 """A continuously batching engine, modelled step by step on a decode-step cost profile.
 
-Every running sequence gains one token a decode step, and a step of ``B``
-sequences lasts what the :class:`~blendserve.engines.step_cost.StepCost` says
-for ``B`` and their mean context. Sequences join, first come first served, as
-soon as a slot frees (up to the capacity); each ends after its own number of
-tokens, and a cancelled one frees its slot at once. Time is the event loop's:
-real seconds (times ``scale``) in ``serve``, modelled seconds on the
-simulator's virtual clock.
-
-A sequence's first step also computes its prompt: the step's cost per
-sequence is paid for each of its prompt tokens not in the prefix cache (a
-step costs what it computes, as vLLM's scheduler budgets it in tokens), its
-cost per token of context once. The cache holds a prompt's full blocks of
-:data:`BLOCK` tokens once a sequence of it has joined, so the samples of one
-question share them and a prompt shorter than a block is computed by every
-sample, as in vLLM.
+Every running sequence gains a token a step, a step lasting what the
+:class:`~blendserve.engines.step_cost.StepCost` says for its width and mean
+context; sequences join first come first served as slots free, and a
+sequence's first step also computes its prompt, less its full blocks of
+:data:`BLOCK` tokens in the prefix cache (docs/engines.md, "A GPU's batch, modelled").
+Time is the event loop's: real seconds in ``serve``, the simulator's virtual ones.
 """
 
 from __future__ import annotations
@@ -67,10 +58,9 @@ def first_step_ms(cost: StepCost, prompt_tokens: int, n: int) -> float:
 class ContinuousBatch:
     """Sequences decoded together, step by step, joining as slots free.
 
-    Every running sequence gains the same tokens, so the batch counts them
-    once (``_decoded``) and keeps each sequence's end and the end of its first
-    step in heaps: a change of the batch costs the log of its width, not a
-    pass over every sequence, which keeps a wide batch in step with real time.
+    Every running sequence gains the same tokens, so the batch counts them once
+    (``_decoded``) and keeps ends in heaps: a change of the batch costs the log
+    of its width, which keeps a wide batch in step with real time.
 
     Args:
         cost: the decode-step cost.

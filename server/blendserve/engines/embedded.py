@@ -1,12 +1,8 @@
 """The embedded CPU default: a local llama.cpp OpenAI server with a small model.
 
-With no upstream and no vLLM model, ``blendserve serve`` starts
-``llama-cpp-python``'s OpenAI-compatible server on a free loopback port with a
-small instruct model installed from the package registry, and talks to it
-through :class:`~blendserve.engines.openai.OpenAIEngine` (which splits ``n``
-into seeded single requests, since llama.cpp ignores ``n``).
-
-Install with ``pip install -e ./client -e '.[embedded]'`` in a checkout.
+With no upstream and no vLLM model, ``serve`` starts llama-cpp-python's server
+on a free loopback port with a model installed from the package registry, and
+talks to it through :class:`~blendserve.engines.openai.OpenAIEngine`.
 """
 
 from __future__ import annotations
@@ -150,10 +146,10 @@ def _digest(tokens: Sequence[int]) -> bytes:
 class EmbeddedEngine(Engine, PassThrough):
     """The OpenAI engine over an embedded llama.cpp server it owns (and its stats sink).
 
-    While the server is down (dead, restarting, given up) every call fails at
-    once with :class:`~blendserve.errors.EngineDown` saying why, and so do the
-    calls in flight when it dies; once it is back on a new port, the next
-    call talks to it through a fresh inner engine made by ``reconnect``.
+    While the server is down every call fails at once with
+    :class:`~blendserve.errors.EngineDown` saying why, and so do the calls in
+    flight when it dies; once it is back on a new port, the next call goes
+    through a fresh inner engine made by ``reconnect``.
 
     Args:
         server: the llama.cpp server.
@@ -161,9 +157,6 @@ class EmbeddedEngine(Engine, PassThrough):
         max_text_bytes: bytes of detokenized prompts kept for reuse.
         reconnect: makes the inner engine of a restarted server's base URL
             (None: ``inner`` is kept).
-
-    Attributes:
-        texts: token-id digest -> text, the prompts detokenized lately.
     """
 
     name = "embedded"

@@ -1,33 +1,11 @@
 """What the engine's decode steps cost, as the service knows it: a profile, refined live.
 
-A profile (``--engine-profile``, a shipped fit or a file ``blendserve
-calibrate`` wrote) is the prior. An engine that is vLLM, upstream or in
-process, also tells what its steps cost while it serves. Between two readings
-of its Prometheus series taken while this process had requests on it the
-whole time (so the engine never idled between them), the wall time over the
-steps taken (the iteration histogram's count) is the mean step time, the
-tokens sampled over the steps the mean width, and the tokens computed (the
-iteration histogram's sum) less those sampled, over the steps, the prompt
-tokens a step computed; the requests finished since the first reading, their
-prompt and half their generation tokens, the mean context. Each step counts
-once, whatever it computed, so a step that computes prompts beside decoding
-sequences, or one that finds the engine idle, is timed like any other.
-:class:`EngineCost` keeps those observations (the last :data:`WINDOW`): once
-they cover widths at least :data:`MIN_WIDTH_SPREAD` apart, the fit in use is
-``step = a + b * width`` of ``step = a + b * width + c * prompt tokens`` at
-their context (``a, b, c >= 0``; a prompt token need not cost a sequence's),
-each weighed by its steps (relative error); before that, the profile scaled
-to their level (its shape, their speed); before any, the profile as it is.
-
-What an engine's series say is checked before it is used, for a ``/metrics``
-endpoint can say anything: a value that no counter can hold (not finite,
-negative, past :data:`MAX_COUNTER`, a request count that is not whole) is
-left out of the reading; a reading whose counters went down, or lost a
-series, or that makes the mean context absurd (outside ``0..MAX_CONTEXT``)
-starts over as after a restart; an observation of more than
-:data:`MAX_CONTEXT` tokens a step, or of a step shorter than
-:data:`MIN_STEP_MS`, is not made. So the fit, its context and ``/health`` stay
-finite and plausible whatever an upstream reports.
+A profile (``--engine-profile``) is the prior. A vLLM engine, upstream or in
+process, also shows its steps' cost in its Prometheus series while it serves:
+:class:`EngineCost` turns readings taken while this process kept it busy into
+observations and fits them (docs/engines.md, "The cost model the service keeps").
+An upstream's ``/metrics`` can say anything, so every reading is checked first
+and the fit, its context and ``/health`` stay finite whatever it reports.
 """
 
 from __future__ import annotations
@@ -243,16 +221,11 @@ class EngineCost:
             busy_since: since when this process has had requests on the engine
                 without a break (None: none now).
 
-        Only the time the engine was kept busy is its steps' time: a reading
-        made while it idled, or after a break since the last kept one, starts
-        the next observation; one with fewer than :data:`MIN_STEPS` steps
-        since the last kept waits for the next, and one whose counters went
-        down or lost a series (a restarted engine) starts over, and so does one
-        that would make the mean context absurd (outside ``0..MAX_CONTEXT``
-        tokens): a lie is never used, and a one-off jump of a counter does not
-        stop the learning for good. An observation of more than
-        :data:`MAX_CONTEXT` tokens or less than :data:`MIN_STEP_MS` a step is
-        not made (the reading still starts the next one).
+        Only the time the engine was kept busy is its steps' time: a reading made
+        while it idled, or after a break, starts the next observation; one with fewer
+        than :data:`MIN_STEPS` steps waits for the next. A reading whose counters went
+        down or lost a series (a restart), or that makes the mean context absurd,
+        starts over, so a one-off jump does not stop the learning for good.
         """
         counters = cost_counters(counters.items())  # whoever read them, checked here
         reading = _Reading(counters, at)

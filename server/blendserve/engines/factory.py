@@ -20,42 +20,23 @@ EngineKind = Literal["auto", "openai", "replay", "vllm", "embedded"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Which engine to run and its settings.
+    """Which engine to run and its settings: those of ``serve`` (docs/configuration.md).
 
     With ``kind="auto"``: upstream URLs give the OpenAI-compatible engine,
-    recorded data gives the replay engine, a vLLM model gives vLLM
-    in-process, and nothing gives the embedded llama.cpp default.
+    recorded data the replay engine, a vLLM model vLLM in-process, and nothing
+    the embedded llama.cpp default.
 
-    Attributes:
-        kind: the engine, or ``auto``.
-        upstreams: OpenAI-compatible base URLs (data-parallel replicas).
+    Attributes (those that say more than their setting):
         model: model name sent upstream (None: the upstream's own); for vLLM in-process,
             the name it is served under (None: ``vllm_model``).
-        api_key: bearer key for the upstreams.
         timeouts: the upstreams' timeouts; ``call`` also bounds the embedded
-            default's requests. A ``stall`` timeout streams upstream requests
-            and fails an attempt silent this long (a hung upstream).
-        limits: connections per upstream and the largest response body read.
+            default's requests. A ``stall`` timeout streams upstream requests.
         retry: retries of an upstream request; ``max_retry_after`` is the
             longest ``Retry-After`` waited for.
-        data: recorded answers for the replay engine.
-        embedded_model: model of the embedded default.
-        model_cache_dir: where the embedded model file is assembled.
-        embedded_threads: the embedded server's CPU threads (None: half the cores).
-        vllm_model: model for vLLM in-process.
         vllm_args: further ``AsyncEngineArgs`` fields.
-        session_header: header carrying the question id upstream (session routing).
-        replay_latency: seconds each replay request takes.
-        replay_capacity: sequences the replay engine runs at once (None: unlimited).
-        replay_per_token_latency: seconds per completion token of a replay request.
-        replay_profile: a decode-step profile (shipped name or JSONL file): the replay
-            engine then batches continuously.
-        replay_time_scale: multiplies each profiled step's time.
-        replay_lengths: the replay samples' lengths (:data:`~blendserve.engines.replay.LENGTHS`).
         capacity: sequences the engine runs at once (None: the engine's own, if it knows).
-        engine_profile: the engine's decode-step profile (shipped name or JSONL file, as
-            ``blendserve calibrate`` writes it): the prior of its cost model, which a vLLM
-            engine (upstream or in-process) refines from its own metrics.
+        engine_profile: the prior of the engine's cost model, which a vLLM engine
+            (upstream or in-process) refines from its own metrics.
     """
 
     kind: EngineKind = "auto"

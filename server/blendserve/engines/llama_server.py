@@ -1,11 +1,8 @@
 """The embedded llama.cpp server process: started, watched, and restarted when it dies.
 
-A child that exits is seen at once (a pidfd on Linux, else a thread waiting on
-it): from then on :meth:`EmbeddedLlamaServer.down` says what died and why,
-and the server is started again with backoff, a bounded number of times in a
-row, each step logged. A child that exits by ``SIGILL`` ran an instruction the
-host refuses (a llama.cpp built for another CPU): the message says how to
-rebuild it portably.
+A child's exit is seen at once (a pidfd on Linux, else a waiting thread): then
+:meth:`EmbeddedLlamaServer.down` says what died and why, and the server is
+started again with backoff (docs/engines.md, "When the server dies").
 """
 
 from __future__ import annotations
@@ -113,8 +110,7 @@ def default_threads() -> int:
     """Half the cores this process may run on, at least one: llama.cpp's threads.
 
     llama.cpp's threads wait on each other at every step: with one on each core,
-    anything else that runs (the service itself, a test, a build) stalls them all,
-    and a sample takes up to thirty times as long (docs/engines.md).
+    anything else that runs (the service itself, a test, a build) stalls them all.
     """
     try:
         cores = len(os.sched_getaffinity(0))

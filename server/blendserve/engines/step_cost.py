@@ -1,13 +1,8 @@
 """What one decode step of an engine costs, by its width and context: a profile, fitted.
 
-An engine that batches continuously decodes every running sequence one token
-a step; a step of ``B`` sequences holding ``ctx`` tokens of context each lasts
-about ``base + B * per_sequence + B * ctx * per_context_token + ctx *
-per_token_of_context`` milliseconds (width nearly free up to a few dozen
-sequences, then about linear). :class:`StepCost` is that fit, made from
-measured points (JSON lines with ``batch``, ``ctx`` and ``ms_median``, the
-form of the H100 decode profiles) or read from the fits shipped with
-blendserve (:data:`SHIPPED`, named like ``qwen2.5-7b-h100``).
+:class:`StepCost` is the fit of measured points (JSON lines with ``batch``,
+``ctx`` and ``ms_median``, as ``blendserve calibrate`` writes them), or one of
+the fits shipped with blendserve (:data:`SHIPPED`, named like ``qwen2.5-7b-h100``).
 """
 
 from __future__ import annotations
@@ -113,11 +108,7 @@ class StepCost:
     @classmethod
     def fit(cls, points: Iterable[Mapping[str, Any]], name: str = "") -> StepCost:
         """The non-negative least-squares fit, in relative error, of ``batch``/``ctx``/``ms_median``
-        points.
-
-        Every point is checked first: ``batch`` an integer from 1 to :data:`MAX_BATCH`,
-        ``ctx`` from 0 to :data:`MAX_CONTEXT` tokens, ``ms_median`` from
-        :data:`MIN_STEP_MS` to :data:`MAX_STEP_MS` (JSON numbers, not strings).
+        points, each first checked to lie within the ``MAX_*`` and :data:`MIN_STEP_MS` bounds.
 
         Raises:
             ValueError: fewer than 4 points, a point without those fields or with one out

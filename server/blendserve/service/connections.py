@@ -1,24 +1,10 @@
 """Client connection deadlines: slow or silent clients cannot hold a connection for ever.
 
 uvicorn closes an idle keep-alive connection, but not one that never finishes
-its request headers (slowloris), trickles its body, or never reads what it is
-sent: each holds a descriptor, and a stream that cannot be written holds its
-job and its admission slots. :class:`TimedH11Protocol` is uvicorn's h11
-protocol with three deadlines per connection:
-
-* ``header_timeout``: a request's headers must be complete this long after
-  the connection opens, or after the first byte of a later request;
-* ``body_timeout``: its body must be complete this long after its headers;
-* ``write_timeout``: a response whose client reads nothing (the send buffer
-  stays full) for this long is aborted.
-
-A connection past a deadline is aborted: the application sees the client
-disconnect, which cancels its job.
-
-A chunked body with more than ``max_body_bytes`` still due of one chunk (a
-chunk-size line such as ``FFFFFFFFFFFFFFFF``) is answered 413 at once, the
-connection closed: the body could never be taken, and would otherwise hold
-the connection until its body deadline.
+its headers, trickles its body or never reads its response: each would hold a
+descriptor, and a stream that cannot be written its job and admission slots.
+A connection past a deadline is aborted, which cancels its job
+(docs/operations.md, "Slow or silent clients").
 """
 
 from __future__ import annotations
@@ -38,7 +24,14 @@ __all__ = ["ConnectionTimeouts", "TimedH11Protocol", "timed_protocol"]
 
 @dataclass(frozen=True)
 class ConnectionTimeouts:
-    """Deadlines of one client connection, in seconds (see the module docstring)."""
+    """Deadlines of one client connection, in seconds.
+
+    Attributes:
+        header: for a request's headers, from the connection's opening or a later
+            request's first byte.
+        body: for its body, from its headers.
+        write: for a response whose client reads nothing (the send buffer stays full).
+    """
 
     header: float = 10.0
     body: float = 60.0

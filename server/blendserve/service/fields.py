@@ -1,10 +1,7 @@
 """The base of request schemas: JSON ``true`` is not the number 1, nor ``"yes"`` a boolean.
 
-pydantic's lax mode reads a boolean as ``1`` or ``0``, and ``1``, ``"yes"``
-or ``"off"`` as a boolean; the OpenAPI schema says ``integer``, ``number`` or
-``boolean``, and a client that sends ``"seed": false`` or
-``"include_usage": "yes"`` has a bug worth a 422 naming the field, not a
-quiet guess.
+pydantic's lax mode would read ``"seed": false`` as 0 and ``"yes"`` as true; a
+client that sends them has a bug worth a 422 naming the field, not a quiet guess.
 """
 
 from __future__ import annotations

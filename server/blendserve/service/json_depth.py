@@ -1,13 +1,10 @@
 """How deep a request body nests arrays and objects, and the field where it nests too deep.
 
-Python's json module and everything that walks a parsed body (``json.dumps``,
-``dataclasses.asdict``) recurse once per level: a field nested 1,000 deep
-fails to parse, and one nested 500 deep parses and then raises
-``RecursionError`` wherever it is walked (a pool key, the prompt limits),
-a traceback in the log per request. Request bodies are therefore refused
-with a 422 naming the field once they nest deeper than :data:`MAX_JSON_DEPTH`:
-after parsing by :func:`deep_field` (a walk without recursion), and, for a
-body too deep to parse at all, by :func:`deep_field_in` on its bytes.
+Python's json module and everything that walks a parsed body recurse once per
+level, so a deep body fails to parse or raises ``RecursionError`` later.
+Bodies nested deeper than :data:`MAX_JSON_DEPTH` are a 422 naming the field:
+:func:`deep_field` finds it without recursion after parsing, and
+:func:`deep_field_in` on the bytes of a body too deep to parse at all.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Text in a request body that cannot be sent on: lone surrogates, and the field holding one.
 
-JSON may escape half of a UTF-16 surrogate pair (``"\\ud800"``), and Python's
-parser reads it as a one-character string that UTF-8 cannot encode. Such a
-string fails wherever it is sent on (an upstream request, a log line), once per
-sample, so request bodies are refused with a 422 naming the field first:
-:func:`unencodable_field` walks a parsed body, keys included, without recursion.
+JSON may escape half of a UTF-16 surrogate pair (``"\\ud800"``), which UTF-8
+cannot encode: such a string would fail each upstream request it is sent in,
+so the body is a 422 naming the field first (:func:`unencodable_field`).
 """
 
 from __future__ import annotations

@@ -277,14 +277,11 @@ class BodySizeLimit:
     """Answers 413 to a request body over ``max_bytes``, declared or streamed.
 
     The 413 closes the connection: the rest of the body is never read. Paths in
-    ``path_bytes`` have a limit of their own instead (the tokenizer routes).
-
-    The application parses and validates a body in one step of the event
-    loop, tens of milliseconds for 10,000 questions; ten such bodies arriving
-    together would make one turn of the loop last the sum, which ``/health``
-    waits out. A body of :data:`LARGE_BODY_BYTES` or more is therefore handed
-    over only when the previous large one has been taken, which is at the
-    earliest one turn later.
+    ``path_bytes`` have a limit of their own instead (the tokenizer routes). The
+    application parses a body in one step of the event loop, so a body of
+    :data:`LARGE_BODY_BYTES` or more is handed over only once the previous large
+    one has been taken: large bodies arriving together do not make one turn of
+    the loop (which ``/health`` waits out) last the sum of their validations.
     """
 
     def __init__(

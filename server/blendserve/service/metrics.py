@@ -1,14 +1,9 @@
-"""Prometheus metrics of the process, served at ``/metrics``.
+"""Prometheus metrics of the process, served at ``/metrics`` (docs/deployment.md).
 
 Only the service imports this module: engines and schedulers report to a
-:class:`~blendserve.stats.Stats` sink, and the service's sink
-(:class:`~blendserve.service.prometheus.PrometheusStats`) updates these.
-
-Names start with ``blendserve_`` and never contain "vllm": vLLM's in-process
-engine unregisters every collector whose name does. Labels come from the
-operator's side and are few-valued (upstream, endpoint, status, pool); never a
-question id nor anything a client names. With several worker processes, set
-``PROMETHEUS_MULTIPROC_DIR`` before start (see docs/deployment.md).
+:class:`~blendserve.stats.Stats` sink, and the service's sink updates these.
+Names never contain "vllm" (vLLM's in-process engine unregisters every
+collector whose name does), and labels come from the operator's side only.
 """
 
 from __future__ import annotations

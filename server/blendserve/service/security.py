@@ -22,17 +22,11 @@ _OPEN = frozenset({"/health"})
 
 
 class ApiKeyAuth:
-    """Refuses requests without one of ``keys`` as ``Authorization: Bearer <key>``.
+    """Refuses requests without one of ``keys`` as ``Authorization: Bearer <key>`` (none: all open).
 
-    The refusal is OpenAI's 401 (``invalid_api_key``), so the ``openai``
-    client raises ``AuthenticationError``; a request with more than one
-    ``Authorization`` header is a 400 whatever their order. No keys:
-    everything is open.
-
-    Args:
-        app: the application.
-        keys: accepted keys.
-        protect_metrics: ask for a key on ``/metrics`` too.
+    The refusal is OpenAI's 401 (``invalid_api_key``), so the ``openai`` client
+    raises ``AuthenticationError``; more than one ``Authorization`` header is a
+    400. ``protect_metrics`` asks for a key on ``/metrics`` too.
     """
 
     def __init__(self, app: ASGIApp, keys: frozenset[str], protect_metrics: bool = False) -> None:
@@ -83,15 +77,11 @@ def _bearer(header: bytes) -> bytes:
 class ClientIds:
     """Who a request's client is: an opaque short id, never the key or the header itself.
 
-    With API keys, the key the request authenticated with; on an open service,
-    the value of ``header`` when configured and sent; else the one shared
-    client. Ids are keyed hashes under a secret of this process, so they stay
-    the same for a client while the process runs and tell nothing of the key.
-    They are for what a pool keeps per client, never for a metric label.
-
-    Args:
-        keyed: the service asks for API keys.
-        header: on an open service, the header naming the client (None: none).
+    With API keys (``keyed``), the key the request authenticated with; on an open
+    service, the value of ``header`` when configured and sent; else the one shared
+    client. Ids are keyed hashes under a secret of this process: stable while it
+    runs, telling nothing of the key. For what a pool keeps per client, never for
+    a metric label.
     """
 
     def __init__(self, keyed: bool, header: str | None = None) -> None:

@@ -22,16 +22,8 @@ __all__ = ["ServiceState", "service_of"]
 class ServiceState:
     """The one object an app keeps in ``app.state.service`` (made in its lifespan).
 
-    Attributes:
-        settings: the service's settings.
-        engine: where samples come from.
-        served_models: the model names ``/v1`` serves, and their aliases.
-        job_maker: makes every job and pool (engine, defaults, answer keys).
-        limits: what one request may ask.
-        admission: how much may run at once.
-        dropin: ``/v1``'s online pools and grouping window.
-        running: the jobs running now, drained at shutdown.
-        clients: who a request comes from (its pacing and sympy turns in a pool).
+    ``dropin`` holds ``/v1``'s online pools and grouping window, ``running`` the
+    jobs drained at shutdown, and ``clients`` says who a request comes from.
     """
 
     settings: Settings

@@ -1,16 +1,9 @@
 """The paper's sample-efficiency measurement (docs/policies.md, "Simulator").
 
-For a target SC@x, the reducible error of SC with x samples per question is
-the bar; for each method we find the least mean samples per question with
-which its error (averaged over seeded repetitions) reaches that bar, and the
-improvement ratio ``x / samples``.
-
-SC, ESC, ASC, PPR-1v1 and the oracle choose independently of the budget, so
-one run per repetition gives their whole error curve. Blend-ASC's choices
-depend on ``t / T``, the default's floor on the budget, and the online method
-paces its threshold to a mean budget, so these are run at each budget their
-search needs, each charged the mean samples it actually spent there (the
-default and the online method may stop questions before their budget).
+Methods whose choices do not depend on the budget give their whole error
+curve in one run per repetition; budget-aware ones (:func:`is_budget_aware`,
+and the online method) are run at each budget their search needs, each
+charged the mean samples it actually spent there.
 """
 
 from __future__ import annotations

@@ -2,15 +2,7 @@
 
 The flat families are where adaptive policies can lose to plain
 self-consistency (answers spread over many near-tied candidates, as a small
-model's on hard questions): ``flat`` (Dirichlet over 3-8 answers), ``many``
-(a sparse Dirichlet over 10-20 answers), ``ties`` (the top two within a few
-points) and ``mixed`` (half LLM-like, half flat).
-
-Four more families were made to check the online rule's learned waves on
-answers it was not chosen on: ``zipf`` (3-12 answers with Zipf shares of
-exponent 0.5-2), ``pair`` (two answers, the leader's share uniform on
-0.5-1), ``dense`` (a Dirichlet(2) over 4-6 answers) and ``tail`` (a peaked
-pair, 4:1, and ten rare answers sharing a Beta(2, 5) remainder).
+model's on hard questions); each family's draw says its shape.
 """
 
 from __future__ import annotations
@@ -110,13 +102,11 @@ _DRAWS = {
 
 
 def synthetic(family: str, num_questions: int = 1000, seed: int = 0) -> Dataset:
-    """Draws ``num_questions`` answer distributions of one family.
+    """Draws ``num_questions`` answer distributions of one family of :data:`FAMILIES`.
 
-    Families: ``d1`` (top-two probabilities uniform on the simplex corner,
-    paper section 3), ``d2`` (D1 weighted by ``(p1 + p2)^2``), ``llm`` (an
-    LLM-like mixture: 75% easy, 17% moderate, 8% contested, with margins
-    spread like those of GPT-3.5 chain-of-thought on last-letter concatenation),
-    and the flat families of the module docstring.
+    ``d1``: top-two probabilities uniform on the simplex corner (paper section 3);
+    ``d2``: D1 weighted by ``(p1 + p2)^2``; ``flat``, ``many`` and ``dense``:
+    Dirichlets over 3-8, 10-20 and 4-6 answers; the others as their draws say.
 
     Raises:
         ValueError: unknown family or a non-positive size.

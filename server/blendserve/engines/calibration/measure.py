@@ -1,12 +1,9 @@
 """What one decode step of a real engine costs, by width and context (``blendserve calibrate``).
 
-For each context ``c`` and width ``B`` of the grid, a request for ``B`` samples
-of a prompt of about ``c`` tokens is timed at two lengths, ``T_short`` and
-``T_long`` tokens, ``reps`` times. A point's step time is the median of
-``(wall_long - wall_short) / (tokens_long - tokens_short)``: the difference
-cancels prefill and per-request overhead. The points are written as JSON lines
-(``batch``, ``ctx``, ``ms_median``, ...), the decode profiles that
-:func:`~blendserve.engines.step_cost.load_step_cost` fits.
+Each point times a request for ``B`` samples of a prompt of about ``c`` tokens at
+a short and a long length: ``(wall_long - wall_short) / (tokens_long - tokens_short)``
+cancels prefill and per-request overhead. The points are written as JSON lines,
+the profiles :func:`~blendserve.engines.step_cost.load_step_cost` fits.
 """
 
 from __future__ import annotations
@@ -104,19 +101,8 @@ class Grid:
 
 @dataclass(frozen=True)
 class Point:
-    """One measured point of the profile.
-
-    Attributes:
-        batch: the width.
-        context: the prompt tokens asked for.
-        ctx: the mean context during the measured steps (prompt plus half the tokens made).
-        ms_median: the median step time over the repetitions, in ms.
-        ms_min: the shortest.
-        first_ms: the median time of the short request beyond its steps, in ms: its
-            prompt's computation and the request's own overhead.
-        reps: repetitions.
-        tokens: the short and the long request's ``max_tokens``.
-        prompt: the prompt's tokens, as the engine counted them (median).
+    """One measured point of the profile: the fields of its line (docs/engines.md, "Calibrating
+    an engine"), and ``prompt``, the prompt's tokens as the engine counted them (median).
     """
 
     batch: int

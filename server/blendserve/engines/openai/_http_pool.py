@@ -1,9 +1,4 @@
-"""Keep-alive connections to an engine's replicas, sharded per replica.
-
-Why sharded, and why not ``httpx2.AsyncClient``, is :class:`HttpPool`'s
-docstring; a request takes its replica's least busy shard. How a shard heals
-from requests cancelled at the wrong moment is :class:`_Connection`'s.
-"""
+"""Keep-alive connections to an engine's replicas, sharded per replica (see :class:`HttpPool`)."""
 
 from __future__ import annotations
 
@@ -41,20 +36,11 @@ _SENDING = "blendserve.sending"
 class _Connection(httpcore2.AsyncConnectionInterface):
     """An HTTP/1.1 connection of a pool, dropped once no request can end it.
 
-    Cancellation at the wrong moment leaves connections that count against
-    the pool's limit but that no request will ever use or end; once the limit
-    is full of them, requests wait for a connection that never comes (httpcore
-    1.0.9 leaves them in three ways, encode/httpcore#1093 the first; httpcore2
-    left none in our runs, but the pool does not rely on that). This
-    connection reads as closed, so that the pool drops it, when
-
-    * no request started on it within ``give_up_s`` of the pool handing it
-      out: it stays CONNECTING for good, with no socket; a request that still
-      comes for it is told to take another;
-    * the request on it ended (failed, or its response was closed) and left it
-      neither idle nor closed: it is closed here.
-
-    A connect that did start is bounded by the request's connect timeout.
+    A request cancelled at the wrong moment can leave a connection that counts
+    against the pool's limit but that no request will ever use or end. This one
+    reads as closed, so that the pool drops it, when no request started on it
+    within ``give_up_s`` of the pool handing it out, or when the request on it
+    ended and left it neither idle nor closed (it is closed here).
     """
 
     def __init__(self, inner: httpcore2.AsyncConnectionInterface, give_up_s: float) -> None:
@@ -187,26 +173,14 @@ class _Transport(httpx2.AsyncHTTPTransport):
 class HttpPool:
     """Keep-alive connections to each replica, at most ``max_connections`` per replica.
 
-    Two measured costs shape this. httpcore's pool does work (a socket poll
-    included) for every connection it holds each time a request starts or
-    ends, so one pool of hundreds of connections spends more CPU per request
-    than the exchange itself: each replica's connections are split into
-    pools of ``_SHARD_CONNECTIONS`` and a request takes the least busy pool of
-    its replica (per replica, so that no pool closes a connection to one
-    replica to open one to another). And ``httpx2.AsyncClient`` (URL merging,
-    cookies, auth and redirect handling) adds about as much CPU per request
-    again: requests go to the transports directly, each URL parsed once.
-    httpx2 still maps errors, and cancelling a request closes its connection.
-    A custom transport is used as it is, for every replica.
-
-    A request that finds every shard of its replica full waits its turn here,
-    first come first served, for as long as its caller waits (a side request:
-    its timeout). So a shard always has a connection for the requests it is
-    given, and one that waits ``connect_timeout`` for a connection fails with
-    ``httpx2.PoolTimeout`` (retryable, and not the replica's fault): something
-    holds connections that no request uses. Such connections are dropped
-    (:class:`_Connection`), those no request began to connect on after
-    ``connect_timeout``.
+    httpcore's pool works per connection it holds whenever a request starts or
+    ends, so each replica's connections are split into pools of
+    ``_SHARD_CONNECTIONS`` and a request takes its replica's least busy one.
+    Requests go to the transports directly, not through ``httpx2.AsyncClient``,
+    whose per-request work would cost as much CPU again. A request that finds
+    every shard full waits its turn, first come first served; one that waits
+    ``connect_timeout`` fails with ``httpx2.PoolTimeout`` (retryable, and not the
+    replica's fault). A custom transport is used as it is, for every replica.
     """
 
     def __init__(

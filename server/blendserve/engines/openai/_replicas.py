@@ -1,34 +1,10 @@
-"""Replica set of an OpenAI-compatible engine: balancing, affinity and health.
+"""Replica set of an OpenAI-compatible engine: balancing, affinity and a circuit breaker each.
 
-The state here is plain bookkeeping mutated from one event loop; it does no
-I/O. The engine probes unhealthy replicas and reports results back.
-
-Choice rule (:meth:`ReplicaSet.pick`): among healthy replicas (those not yet
-tried by this call when there are any), let ``least`` be the smallest number
-of outstanding sequences. Without a key, the least-loaded replica is chosen,
-ties rotating. With a key (a question id), replicas are ranked by rendezvous
-hashing of ``(key, url)`` and the first one whose load is at most
-``least + max(affinity_slack, least // 4)`` is chosen: the key's home replica
-unless it is clearly busier than the least-loaded one, then its next replica
-in rendezvous order. Outstanding load counts sequences (an ``n=8`` request
-weighs 8), as that is what loads a vLLM replica.
-
-Health rule, a circuit breaker per replica (:class:`BreakerState`):
-
-* ``CLOSED``: takes requests. ``failure_threshold`` consecutive failures
-  (connection errors, 5xx) open it.
-* ``OPEN``: refuses requests at once (:meth:`ReplicaSet.pick` never returns
-  it), so no call waits on a replica known to be down. The engine probes it;
-  a successful probe half-opens it.
-* ``HALF_OPEN``: takes one trial request at a time. A success closes it, a
-  failure opens it again. The engine keeps probing it while a trial is in
-  flight: each successful probe admits one more trial, so a trial that hangs
-  does not hold the replica for a whole request timeout.
-
-With every replica open (or half-open with its trial in flight) ``pick``
-returns None and the engine fails the call with ``EngineUnavailable`` instead
-of retrying until the deadline. Each state change is reported to the stats
-sink as the replica's health: 1 closed, 0.5 half-open, 0 open.
+Plain bookkeeping mutated from one event loop, with no I/O: the engine
+probes unhealthy replicas and reports the results back. Load counts sequences
+(an ``n=8`` request weighs 8), as that is what loads a vLLM replica. The rules
+are :meth:`ReplicaSet.pick`'s and the ``record_*`` methods'; docs/engines.md
+and docs/operations.md ("Upstream faults") say them for operators.
 """
 
 from __future__ import annotations
@@ -141,6 +117,10 @@ class ReplicaSet:
         self, key: str | None = None, avoid: Collection[Replica] = (), *, rotate: bool = True
     ) -> Replica | None:
         """The replica the next request should go to, without taking it.
+
+        Without a key, the least-loaded one, ties rotating; with a key, the first in
+        the key's rendezvous order whose load is within ``max(affinity_slack, least // 4)``
+        of the least-loaded's (the key's home replica unless it is clearly busier).
 
         Args:
             key: affinity key (the question id), or None.

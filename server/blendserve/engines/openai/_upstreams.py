@@ -1,20 +1,10 @@
 """An OpenAI engine's replicas: connections, probes, load, pass-through, prompt token counts.
 
-Balancing, affinity and the circuit breaker rules live in
-:mod:`blendserve.engines.openai._replicas`; this module does the I/O around them. A
-replica whose breaker is open (or half-open with its trials in flight) is
-probed with ``GET {url}/models`` every ``health.probe_interval`` seconds by a
-background task that runs only while some breaker is not closed; a 200
-half-opens it (or admits one more trial).
-
-A replica's load (:meth:`Upstreams.queue`) is read from vLLM's Prometheus
-gauges at the server root, ``GET {url without /v1}/metrics``, over a
-connection of its own per replica (so that a pool full of long generations
-does not hold the reading up), a body of at most :data:`METRICS_BYTES`
-answered within :data:`SIDE_TIMEOUT`, and parsed in a worker thread (a large
-body takes the event loop no time). A replica without such gauges, or with
-more than :data:`MAX_LABEL_SETS` label sets of them (not vLLM), is left alone
-for :data:`METRICS_RETRY_S`.
+The I/O around :mod:`~blendserve.engines.openai._replicas`' rules: a background
+task, running only while some breaker is not closed, probes those replicas
+with ``GET {url}/models``; a replica's load and step-cost series are read from
+vLLM's ``/metrics`` at its server root, bounded and parsed off the event loop
+(docs/engines.md, "Engine load").
 """
 
 from __future__ import annotations

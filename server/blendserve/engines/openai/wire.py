@@ -1,19 +1,9 @@
 """The OpenAI wire format: URLs, request bodies, responses, streams, ``Retry-After``.
 
 Pure functions (the stream ones take any async iterator): no I/O, no engine
-state. A streamed completion (server-sent events, framed as the SSE
-specification says: a ``data`` field over several lines is one event, its
-lines joined by newlines) is reassembled into the non-streamed shape, so one
-parser reads both. Each streamed chunk's shape is checked (pydantic): extra
-fields are ignored, but a choice's ``index``, its texts and finish reason,
-and the usage must be of their types, or the stream is unusable. A stream
-that reports an error (a chunk with ``error``, as vLLM writes a failure
-during a stream, or an ``error`` event) is unusable too: its partial text is
-never a sample.
-
-Token counts above :data:`MAX_TOKENS` (``10**400`` is valid JSON) make a reply
-unusable: no model's context comes near, and such a count overflows every
-counter it would be added to.
+state. A streamed completion is reassembled into the non-streamed shape, so
+one parser reads both; a chunk of the wrong shape, an error reported
+mid-stream, or a token count over :data:`MAX_TOKENS` makes a reply unusable.
 """
 
 from __future__ import annotations
@@ -314,8 +304,7 @@ async def server_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[ServerEv
     an event without data is not dispatched, nor is one the stream ends in
     (no blank line after it); ``id`` and ``retry`` are ignored. The work is
     linear in the bytes: a line that never ends is kept in pieces, joined once
-    it ends (``chunks`` bound how much it holds). httpx2's ``EventSource``
-    frames alike but costs about twice the CPU per event over its text layers.
+    it ends (``chunks`` bound how much it holds).
     """
     split = _LineSplitter()
     name = ""

@@ -1,14 +1,9 @@
 """The metric labels of the online pools: from the operator's side only, and held while used.
 
-A pool's key holds what its requests named (any ``model`` string with
-aliases allowed or on an engine that lists none, any budget): its label
-does not. A label is ``model/answer format/aim``: the model when the
-operator configured it (the default model, or one the engine lists), else
-``other`` (``default`` when none was named); one of the few answer formats;
-and ``b`` with the budget, or ``t`` with the quality target, rounded up to a
-power of two, or of ten. Pools whose keys differ only in what the label
-leaves out share their label. A label counts the pools that hold it; once
-none does, its series can go.
+A pool's key holds what its requests named (any model string, any budget);
+its label, ``model/answer format/aim``, holds only the operator's models and
+a rounded budget or target, so pools share labels and their series stay few
+(docs/deployment.md). A label counts its pools; once none holds it, its series can go.
 """
 
 from __future__ import annotations

@@ -21,17 +21,10 @@ MISS_TTL_S = 1.0
 class ServedModels:
     """The engine's model names, kept a while, and the rule a request's ``model`` follows.
 
-    A request that names no model goes on as it is, and so does one on an
-    engine that lists no model (or whose list cannot be had now: the engine
-    decides). A name the engine lists goes on. Any other name is refused
-    (:class:`~blendserve.errors.ModelNotFound`, a 404), unless aliases are
-    allowed: then it stands for the default model.
-
-    Args:
-        engine: the engine.
-        allow_aliases: accept any name, as the default model.
-        default: the model an alias stands for (None: the engine's first).
-        clock: seconds, for the list's age.
+    No name, or an engine that lists none (or whose list cannot be had now), goes
+    on as it is, and so does a name the engine lists. Any other name is a 404
+    (:class:`~blendserve.errors.ModelNotFound`) unless ``allow_aliases``: then it
+    stands for ``default`` (None: the engine's first). ``clock`` gives the list's age.
     """
 
     def __init__(

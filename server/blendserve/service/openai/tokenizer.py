@@ -1,15 +1,9 @@
 """vLLM's tokenizer endpoints, passed through to the upstream that has them.
 
 Evaluation clients (lm-evaluation-harness's ``tokenizer_backend=remote``) ask
-the server root for ``GET /tokenizer_info``, ``POST /tokenize`` and
-``POST /detokenize``. blendserve has no tokenizer of its own: each request
-goes to the upstream unchanged, and an engine or upstream without the
-endpoint is a 404 that says so.
-
-Each request holds a job slot of the admission while it runs (a 429 when
-none is free), and a body is at most ``max_tokenizer_body_bytes`` (a 413):
-600 tokenizer calls at once, or one body of 15 MB of token ids, once held up
-every other route.
+the server root for them; blendserve has no tokenizer of its own. Each
+request holds a job slot while it runs, and its body has a limit of its own,
+so that tokenizer calls cannot hold up every other route.
 """
 
 from __future__ import annotations
