@@ -1,29 +1,15 @@
 """A few large waves instead of many small steps: how many samples each question gets next.
 
-An engine runs a request of ``n`` samples in about the time of one, up to its
-capacity, so what the caller waits for is the number of *rounds* (requests
-one after another) a question needs, not its samples. Deciding one sample at
-a time costs dozens of rounds; this plan decides in a few:
-
-1. a first wave of :meth:`WavePlan.first_wave` samples for every question;
-2. each later wave sized from what the votes so far show: a question's
-   leading two answers give its estimated shares ``p1 > p2``, and so the ASC
-   uncertainty ``P[p1 < p2]`` it is *expected* to have after ``j`` more
-   samples. A batch gives its remaining budget to the (question, ``j``)
-   slots of largest expected uncertainty (ASC's ranking, looked ahead: a
-   price on the expected uncertainty, the budget's Lagrange multiplier); a
-   stream stops at its paced price. Either way a question's wave is the
-   samples it is expected to need to reach the price. A batch
-   policy may value the slots itself (the default policy: the expected fall
-   in the chance of a wrong answer each further sample buys), and the price is
-   then a price in its unit;
-3. a wave that is not the question's last sends only ``step_share`` of that
-   need (but at least what a unanimous question would need to stop there),
-   so the next round re-plans with more votes; the last round sends all of
-   it, and ``max_rounds`` bounds the rounds of every question.
-
-Pure and vectorised; the scheduler's jobs and pools and the simulator's wave
-runs share it.
+An engine runs a request of ``n`` samples in about the time of one, up to
+its capacity, so what the caller waits for is the rounds a question needs,
+not its samples. A first wave (:meth:`WavePlan.first_wave`) goes to every
+question; each later wave is sized from the votes so far: a batch prices its
+remaining budget over every open question's further samples
+(:meth:`WavePlan.allocate`, by a policy's worth or else ASC's expected
+uncertainty), a stream stops at its paced price; a wave that is not a
+question's last sends a share of what it is expected to need
+(:meth:`WavePlan.step`), and ``max_rounds`` bounds every question's rounds.
+See docs/decisions.md. Pure and vectorised.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""The service's default batch policy: each sample where it is worth most, under how
-contested the batch's own questions are.
+"""The default batch policy: each sample where it is worth most, under how contested the
+batch's own questions are.
 
-ASC (and PPR-1v1) rank a question whose first two or three samples agree by
-chance as sure, and starve it; on flat answer distributions (many near-tied
-answers, a small model on hard questions) that makes them err more than
-plain self-consistency at the same spend. ASC's ``P[p1 < p2]`` is the chance
-that the leader is wrong under a flat prior on the leader's share, the same
-for every batch. The default (``rank="value"``) learns that prior from the
-batch's own votes once every question has ``probe`` samples
-(:class:`~blendserve.core.worth.VoteWorth`) and gives the next sample
-to the question where it is expected to lower the chance of a wrong answer
-most; a wave plan (:meth:`HedgePolicy.plan_waves`) gives the remaining
-budget to the samples expected to lower it most. On a flat batch that keeps
-sampling questions whose first votes agree by luck and spends less on
-near-ties that a few votes will not break.
-
-``rank="asc"`` (the default before) protects ASC with a *floor* instead: the
-share of questions whose probe samples disagree sets the samples every
-question gets, uniformly, before ASC's ranking (or, in waves, its expected
-uncertainty) takes the rest of the budget: none on a peaked batch, up to
-half the budget on a flat one.
-
-A budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most
-``stop``, whatever budget is left.
+ASC and PPR-1v1 rank a question whose first samples agree by chance as sure,
+and starve it; on flat answer distributions that makes them err more than
+plain self-consistency at the same spend. The default (``rank="value"``)
+fits the batch's prior once every question has ``probe`` samples
+(:class:`~blendserve.core.worth.VoteWorth`) and gives each sample, or each
+wave (:meth:`HedgePolicy.plan_waves`), where it is expected to lower the
+chance of a wrong answer most. ``rank="asc"`` instead gives every question a
+uniform floor sized by the batch's flatness, then ranks by ASC. A budget is
+a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most ``stop``.
 """
 
 from __future__ import annotations
