@@ -1,10 +1,9 @@
 """What engines and schedulers report, and to whom: an injected stats sink.
 
-Engines, jobs and pools never touch a metrics library: each reports to the
-:class:`Stats` it was given, and the service turns those reports into
-Prometheus metrics. The base class ignores every report, so the simulator,
-library users and tests need no metrics at all; a sink overrides what it
-wants. Reports are plain calls on the event loop and must not block.
+Engines, jobs and pools report to the :class:`Stats` they were given, never to
+a metrics library; the base class ignores every report, so the simulator,
+library users and tests need no metrics. Reports are plain calls on the event
+loop and must not block.
 """
 
 from __future__ import annotations
@@ -79,26 +78,18 @@ class Stats:
         """A sample came back with ``prompt`` and ``completion`` tokens."""
 
     def answered(self, samples: int, share: float, ppr: float, settled_early: bool) -> None:
-        """A question's answer became final after ``samples`` samples.
-
-        Args:
-            samples: samples the question spent.
-            share: the winning answer's share of the votes.
-            ppr: the answer's PPR-1v1 uncertainty.
-            settled_early: whether settling stopped it before its budget ran out.
+        """A question's answer became final after ``samples`` samples, its winner holding ``share``
+        of the votes at PPR-1v1 uncertainty ``ppr``; ``settled_early``: before its budget ran out.
         """
 
     def pool_answered(
         self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
     ) -> None:
-        """A paced question of ``pool`` was answered after ``rounds`` waves.
+        """A paced question of ``pool`` was answered after ``rounds`` waves of engine requests.
 
-        Args:
-            pool: the pool's name.
-            rounds: waves of engine requests the question needed.
-            tau: the threshold of the question's client now (each client is paced alone).
-            mean_samples: the pool's running mean samples per question, every client's.
-            pacing_error: that mean over the pool's budget, minus 1.
+        ``tau`` is its client's threshold now (each client is paced alone),
+        ``mean_samples`` the pool's running mean samples per question (every
+        client's), and ``pacing_error`` that mean over the pool's budget, minus 1.
         """
 
     def pool_dropped(self, pool: str) -> None:
@@ -115,13 +106,8 @@ NO_STATS: Final = Stats()
 
 
 class JobReport:
-    """What one job reports: started, each final answer, ended (once).
-
-    Args:
-        sink: where the reports go.
-        questions: the job's questions.
-        budget: the job's sample budget.
-        started: the job's start, on the clock later times come from.
+    """What one job of ``questions`` and ``budget`` reports to ``sink``: started, each final
+    answer, ended (once); ``started`` is on the clock later times come from.
     """
 
     def __init__(self, sink: Stats, questions: int, budget: int, started: float) -> None:

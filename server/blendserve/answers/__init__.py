@@ -163,13 +163,9 @@ def make_keyer(
 ) -> SampleKeyer:
     """``text -> (answer, key)`` for one job's samples, off the event loop (a scheduler's keyer).
 
-    Each keyer is its own owner of the sympy workers' time.
-
-    Args:
-        kind: the answer kind.
-        pattern: the ``regex`` kind's pattern.
-        keys: whose workers and cache key the answers (None: the module's default).
-        reasoning_tags: the model's thought markers: a thought never votes.
+    Each keyer is its own owner of the sympy workers' time; ``keys`` holds the
+    workers and cache (None: the module's default), ``pattern`` is the ``regex``
+    kind's, and a thought within ``reasoning_tags`` never votes.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.

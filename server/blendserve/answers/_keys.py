@@ -109,12 +109,10 @@ class KeyOwner:
 class _Turns:
     """Gives the sympy workers to waiting calls, least-served owner first.
 
-    An owner's service is the wall time its calls held a worker; of two owners
-    with equal service the one with fewer calls running goes first, then the
-    earlier arrival. The last free worker goes only to an owner that holds
-    none: with two workers or more, one owner's slow calls never hold them
-    all, so another owner's call starts at once instead of waiting for one to
-    end. An owner is forgotten when it is garbage collected.
+    An owner's service is the wall time its calls held a worker (ties: fewer calls
+    running, then the earlier arrival). The last free worker goes only to an owner
+    that holds none, so one owner's slow calls never hold every worker. An owner
+    is forgotten when it is garbage collected.
     """
 
     def __init__(self) -> None:
@@ -445,12 +443,7 @@ class SampleKeyer:
     job or pool keys its samples (the scheduler's ``Keyer``).
 
     Made by :meth:`AnswerKeys.keyer`; each is its own owner of the sympy workers' time.
-
-    Attributes:
-        kind: the answer kind.
-        pattern: the ``regex`` kind's pattern.
-        reasoning_tags: the model's thought markers; a thought never votes, and
-            the scheduler reads samples' thoughts with them.
+    The scheduler reads samples' thoughts with its ``reasoning_tags``.
     """
 
     __slots__ = ("_keys", "_owner", "kind", "pattern", "reasoning_tags")

@@ -50,13 +50,8 @@ class WorkerError(RuntimeError):
 
 @dataclass(frozen=True)
 class PoolStats:
-    """Counters of one pool.
-
-    Attributes:
-        calls: calls sent to a worker.
-        timeouts: calls that ran past their deadline (their worker was killed).
-        started: worker processes launched, replacements included.
-        alive: worker processes alive now.
+    """Counters of one pool: ``calls`` sent to a worker, ``timeouts`` (the worker killed),
+    workers ``started`` (replacements included) and ``alive`` now.
     """
 
     calls: int
@@ -199,12 +194,9 @@ class _Worker:
 class SympyPool:
     """Persistent worker processes, started lazily, each call under a hard deadline.
 
-    Thread-safe: up to ``size`` calls run at once, more wait for a free worker.
-
-    Args:
-        size: number of worker processes (1-2 is plenty: keys are cached).
-        start_timeout: seconds a new worker may take to import sympy and warm up.
-        memory_limit: address-space cap of each worker in bytes (POSIX; 0: none).
+    Thread-safe: up to ``size`` calls run at once (1-2 workers are plenty: keys are
+    cached), more wait for a free worker. ``start_timeout`` bounds a new worker's
+    warm-up, ``memory_limit`` caps each worker's address space (POSIX; 0: none).
     """
 
     def __init__(

@@ -66,13 +66,10 @@ class RetryPolicy:
 class Throttles:
     """Each replica's ``Retry-After`` honoured once: the first of a streak of throttled answers.
 
-    The first ``Retry-After`` of a replica sets a moment to wait until; its
-    answers until then (requests that were in flight) wait until the same
-    moment. A replica still throttling after it gets the normal backoff, until
-    it answers a request. Otherwise an upstream that answers every request
-    with a ``Retry-After`` would make each logical request wait it out before
-    every retry, and a job that gives up after a streak of failures would take
-    that wait times its retries to give up.
+    The first sets a moment that the replica's answers until then all wait for; a
+    replica still throttling after it gets the normal backoff until it answers a
+    request. Else an upstream that throttles every request would make each retry
+    wait it out, and a job take that wait times its retries to give up.
     """
 
     def __init__(self) -> None:

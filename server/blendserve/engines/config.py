@@ -56,13 +56,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Health:
-    """When a replica is taken out of rotation, tried again, or passed over.
+    """When a replica is taken out of rotation, probed, or passed over.
 
-    Attributes:
-        failure_threshold: consecutive failures that open a replica's breaker.
-        probe_interval: seconds between probes of replicas whose breaker is open.
-        affinity_slack: outstanding sequences a question's home replica may
-            carry over the least-loaded one and still be chosen.
+    Its breaker opens after ``failure_threshold`` failures in a row and it is
+    probed every ``probe_interval`` seconds while out; a question's home replica
+    is passed over once it carries more than ``affinity_slack`` sequences (or a
+    quarter of the least-loaded one's) over the least-loaded replica.
     """
 
     failure_threshold: int = 3

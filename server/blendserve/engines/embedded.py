@@ -43,13 +43,9 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model shipped as registry packages, joined in order into one GGUF file.
-
-    Attributes:
-        filename: the joined file's name in the cache directory.
-        parts: ``(package, resource path)`` of each piece, in order.
-        sha256: checksum of the joined file.
-        requirement: what to ``pip install`` when a part is missing.
+    """A model shipped as registry packages: its ``parts`` (package, resource path), joined
+    in order into ``filename`` and checked against ``sha256``; ``requirement`` is what to
+    ``pip install`` when a part is missing.
     """
 
     filename: str
@@ -290,8 +286,7 @@ async def create_embedded_engine(
 ) -> EmbeddedEngine:
     """Prepares the model, starts the server and returns the engine that owns it.
 
-    The model is served under ``model``, its name in :data:`MODELS`
-    (``/v1/models`` lists it). The engine reports to ``sink``.
+    The model is served under ``model``, its name in :data:`MODELS`.
 
     Raises:
         EngineUnavailable: see :func:`ensure_model` and :meth:`EmbeddedLlamaServer.start`.

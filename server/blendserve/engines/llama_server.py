@@ -164,9 +164,7 @@ class EmbeddedLlamaServer:
 
     Args:
         model_path: the GGUF file.
-        model_name: the name it serves the model under (its ``/v1/models``
-            id); None: the file's path, llama.cpp's default.
-        n_ctx: context length.
+        model_name: the name it serves the model under (None: the file's path).
         n_threads: CPU threads (default: :func:`default_threads`).
         startup_timeout: seconds to wait for the server to answer.
         command: the command line of a server on a port (default: llama.cpp's
@@ -175,7 +173,6 @@ class EmbeddedLlamaServer:
             ``stable_s`` seconds before it died starts a new row.
         restart_backoff: seconds before the first restart of a row, doubled
             for each further one (to a minute at most).
-        stable_s: seconds a server must run for its death to start a new row.
 
     Attributes:
         launches: servers started so far (the port changes with each).

@@ -66,12 +66,9 @@ async def admitted(
 ) -> AsyncIterator[Admitted]:
     """Checks the request's limits and admits its questions for the block.
 
-    Args:
-        request: the request.
-        prompts: each question's prompt by the field that holds it: one question slot each.
-        budget: the request's sample budget.
-        param: the field that lists the questions.
-        passed: the fields sent upstream with each of its engine requests, if any.
+    ``prompts`` holds each question's prompt by the field that holds it (a
+    question slot each), ``param`` names the field that lists them, and
+    ``passed`` the fields sent upstream with each of its engine requests, if any.
 
     Raises:
         InvalidRequest: a limit is passed (422).

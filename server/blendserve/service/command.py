@@ -15,11 +15,9 @@ from blendserve.service.settings import Settings
 
 __all__ = ["add_parser", "read_settings", "run", "settings_source"]
 
-#: The collector's thresholds while serving (CPython's default: 700, 10, 10). A large
-#: job's requests and samples live for milliseconds, long enough to outlive two young
-#: collections at CPython's 700 allocations each, so they reach the oldest generation,
-#: whose collections are long and hold the event loop; at 10,000 few do
-#: (docs/benchmarks.md, "Abuse").
+#: The collector's thresholds while serving (CPython's default: 700, 10, 10): at 700 a
+#: large job's short-lived requests and samples reach the oldest generation, whose long
+#: collections hold the event loop (docs/operations.md, "The event loop under load").
 _GC_THRESHOLDS = (10_000, 10, 10)
 
 
@@ -67,8 +65,8 @@ def _check_data(settings: Settings) -> None:
     serving: a bad file is one line, not a traceback from the engine's start.
 
     Raises:
-        ValueError: a file cannot be read, or a line of it is not a record (the
-            message starts with the flag's subject: ``engine profile`` or ``replay``).
+        ValueError: a file or a line of it is bad (the message starts with the flag's
+            subject: ``engine profile`` or ``replay``).
     """
     from blendserve.engines.step_cost import load_step_cost
 

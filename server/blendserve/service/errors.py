@@ -113,11 +113,8 @@ def error_body(
 ) -> dict[str, object]:
     """OpenAI's error shape, used by every route and middleware: ``{"error": {...}}``.
 
-    Args:
-        message: what went wrong.
-        status: the HTTP status; it gives the type, and the code unless ``code`` is set.
-        code: a name for the error (``model_not_found``) instead of the status.
-        param: the request field at fault.
+    ``status`` gives the type, and the code unless ``code`` names the error
+    (``model_not_found``); ``param`` is the request field at fault.
     """
     error: dict[str, object] = {
         "message": _ADDRESS.sub("", message),
@@ -137,14 +134,8 @@ async def send_error(
     code: int | str | None = None,
     headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    """Answers with the error body straight from an ASGI middleware (no route ran).
-
-    Args:
-        send: the ASGI send channel.
-        status: the HTTP status.
-        message: what went wrong.
-        code: the body's ``code`` (default: ``status``).
-        headers: sent after ``content-type`` and ``content-length``.
+    """Answers with :func:`error_body` straight from an ASGI middleware (no route ran);
+    ``headers`` go after ``content-type`` and ``content-length``.
     """
     body = error_body(message, status, code=code)
     data = json.dumps(body).encode()

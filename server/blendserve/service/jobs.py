@@ -130,12 +130,8 @@ class JobMaker:
 
     Each job or pool gets the engine as its answer format needs it (see
     :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own;
-    each client of a pool gets one too.
-
-    Attributes:
-        engine: where samples come from.
-        defaults: the service's side of every job.
-        keys: whose workers and cache key the answers (None: the module's default).
+    each client of a pool gets one too. ``keys`` holds the answer keys' workers
+    and cache (None: the module's default).
     """
 
     engine: Engine

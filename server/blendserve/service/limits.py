@@ -71,15 +71,11 @@ def _json_bytes(value: Any) -> int:
 
 
 class JobLimits:
-    """The shape limits of one job (``/solve``) or one ``/v1`` request.
+    """The shape limits of one job (``/solve``) or one ``/v1`` request: the ``max_*`` settings.
 
-    Args:
-        max_questions: questions per job.
-        max_budget: samples per job.
-        max_budget_per_question: samples per question on average.
-        max_prompt_bytes: UTF-8 bytes of one question's prompt or messages.
-        max_extra_bytes: bytes of the JSON of the fields sent upstream with every
-            engine request (:class:`Passed`).
+    ``max_prompt_bytes`` bounds one question's prompt or messages in UTF-8, and
+    ``max_extra_bytes`` the JSON of the fields sent with every engine request
+    (:class:`Passed`).
     """
 
     def __init__(
@@ -117,12 +113,9 @@ class JobLimits:
     ) -> None:
         """Raises a 422 naming the offending field when a limit is passed.
 
-        Args:
-            prompts: each question's prompt or chat messages, by the field that holds it
-                (``questions.0.prompt``, ``messages``).
-            budget: the request's budget.
-            param: the field that lists the questions.
-            passed: the fields sent upstream with each engine request, if any.
+        ``prompts`` maps each question's field (``questions.0.prompt``, ``messages``)
+        to its prompt or chat messages; the other arguments are as for
+        :func:`~blendserve.service.admission.admitted`.
         """
         if passed is not None:
             self._check_passed(passed)
@@ -232,15 +225,10 @@ class Slot:
 class HeldStreamingResponse(StreamingResponse):
     """A streamed response that holds ``slot`` until it ends, however it ends.
 
-    When the response ends (finished, failed, cancelled, or the client left)
-    the body is closed, ``on_close`` runs and the slot is released, even if
-    the body never started: a generator's own ``finally`` would not run then.
-
-    Args:
-        content: the body.
-        slot: released when the response ends.
-        on_close: also run when the response ends (e.g. abandon the work).
-        **kwargs: as for ``StreamingResponse``.
+    When the response ends (finished, failed, cancelled, or the client left) the
+    body is closed, ``on_close`` runs and the slot is released, even if the body
+    never started: a generator's own ``finally`` would not run then. Other
+    arguments are ``StreamingResponse``'s.
     """
 
     def __init__(

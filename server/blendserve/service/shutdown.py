@@ -64,11 +64,9 @@ class RunningJobs:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server whose shutdown cancels the jobs still running after ``grace`` seconds.
 
-    On SIGTERM uvicorn stops accepting and waits for open requests; jobs
-    and pool questions still running after the grace are cancelled, so each request ends
-    normally with its partial answers (status ``cancelled``) instead of
-    being cut. uvicorn's own cut comes a few seconds later, for requests
-    that still do not end.
+    Jobs and pool questions still running then end with their partial answers
+    (status ``cancelled``) instead of being cut; uvicorn's own cut comes a few
+    seconds later, for requests that still do not end.
     """
 
     def __init__(self, config: uvicorn.Config, running: RunningJobs, grace: float) -> None:

@@ -220,13 +220,8 @@ def sampling_params(
     max_tokens: int | None = None,
     temperature: float | None = None,
 ) -> SamplingParams:
-    """The engine-level parameters of a request's sampling fields.
-
-    Args:
-        fields: the declared fields.
-        extra: passed upstream as is.
-        max_tokens: replaces the request's own when given.
-        temperature: replaces the request's own when given.
+    """The engine-level parameters of a request's declared sampling ``fields``, with ``extra``
+    passed upstream as is; ``max_tokens`` and ``temperature`` replace the request's own if given.
     """
     stop = (fields.stop,) if isinstance(fields.stop, str) else fields.stop
     return SamplingParams(

@@ -22,16 +22,10 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Dataset:
-    """Each question's "true" answer distribution, most likely answer first.
+    """Each question's "true" answer distribution (``probs``), most likely answer first.
 
-    Answer 0 of every question is its true mode; questions whose true mode is
-    tied are never included, so the mode is unique.
-
-    Attributes:
-        name: where the questions came from.
-        ids: question ids.
-        probs: per question, answer probabilities in descending order.
-        num_dropped: questions left out (too few answers or a tied mode).
+    Answer 0 of every question is its true mode; questions whose mode is tied are
+    left out (counted in ``num_dropped``, with those of too few answers).
     """
 
     name: str
@@ -68,13 +62,11 @@ class Dataset:
 def load_jsonl(path: str | Path) -> Dataset:
     """Reads recorded answers: one JSON object per line with ``id`` and ``answers``.
 
-    Null answers do not vote: a question's distribution is the frequency of
-    its non-null answers. Questions with fewer than :data:`MIN_ANSWERS`
-    non-null answers or a tied mode are dropped.
+    A question's distribution is the frequency of its non-null answers; questions
+    with fewer than :data:`MIN_ANSWERS` of them or a tied mode are dropped.
 
     Raises:
-        DataError: unreadable file, malformed line (with its number), or no
-            usable question.
+        DataError: unreadable file, malformed line (with its number), or no usable question.
     """
     path = Path(path)
     try:

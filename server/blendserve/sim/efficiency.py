@@ -213,17 +213,12 @@ def sample_efficiency(
     jobs: int = 1,
     curves: dict[str, Curve] | None = None,
 ) -> list[TargetResult]:
-    """The paper's table: samples each method needs to match SC@x, for each x.
+    """The paper's table: samples each method needs to match SC@x, for each x of ``targets``.
 
-    Args:
-        dataset: questions with their true distributions.
-        targets: the x of each SC@x.
-        methods: policy specs such as ``blend`` or ``asc:cap=16``.
-        reps: seeded repetitions averaged per point.
-        seed: seed of the first repetition.
-        batch: questions selected per decision.
-        jobs: worker processes (1 runs inline).
-        curves: if given, filled with each method's error curve (for plots).
+    ``methods`` are policy specs such as ``blend`` or ``asc:cap=16``, each point
+    averaged over ``reps`` seeded repetitions from ``seed``, ``batch`` questions
+    selected per decision, on ``jobs`` worker processes (1 runs inline);
+    ``curves``, if given, is filled with each method's error curve (for plots).
 
     Raises:
         ValueError: a bad method, target or count.

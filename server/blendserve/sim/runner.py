@@ -60,18 +60,12 @@ def build_policy(spec: PolicySpec, dataset: Dataset, budget: int, seed: int) -> 
 def run_policy(
     dataset: Dataset, spec: PolicySpec, budget: int, seed: int, batch: int = 1
 ) -> NDArray[np.int32]:
-    """Runs ``spec`` until its budget is spent or it stops.
+    """Runs ``spec`` on ``budget`` samples until they are spent or it stops.
 
-    Args:
-        dataset: the questions and their true distributions.
-        spec: the policy to run.
-        budget: total samples.
-        seed: seeds both the answer draws and the policy's tie-break.
-        batch: questions selected per decision (paper, "batched prompts").
-
-    Returns:
-        ``wrong[t]``: questions whose plurality answer differs from the true
-        mode after ``t + 1`` samples (a question with no sample counts as wrong).
+    ``seed`` seeds both the answer draws and the policy's tie-break; ``batch`` is
+    the questions selected per decision (paper, "batched prompts"). Returns
+    ``wrong[t]``: questions whose plurality answer differs from the true mode
+    after ``t + 1`` samples (a question with no sample counts as wrong).
     """
     policy = build_policy(spec, dataset, budget, seed)
     draws = AnswerDraws(dataset, seed)

@@ -1,9 +1,8 @@
 """A least-recently-used cache bounded by the bytes it holds, not by its number of entries.
 
-A cache bounded by entries holds whatever those entries weigh: 1,024 prompts
-of 340k tokens each are gigabytes. :class:`ByteLRU` counts each entry's size
-(its key's and value's, plus the dictionary's own cost per entry) and drops
-the least recently used entries once the total passes ``max_bytes``.
+A cache bounded by entries holds whatever those entries weigh (long prompts
+are megabytes each); :class:`ByteLRU` counts each entry's size and drops the
+least recently used entries once the total passes ``max_bytes``.
 """
 
 from __future__ import annotations

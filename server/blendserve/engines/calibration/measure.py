@@ -72,13 +72,8 @@ class CalibrationError(Exception):
 
 @dataclass(frozen=True)
 class Grid:
-    """What is measured: every width at every context, at two lengths, ``reps`` times.
-
-    Attributes:
-        widths: sequences decoded at once (``n`` of a request).
-        contexts: prompt tokens, about.
-        tokens: the short and the long request's ``max_tokens``.
-        reps: repetitions of each point.
+    """What is measured: every width (``n`` of a request) at every context (prompt tokens,
+    about), at the short and the long ``tokens``, ``reps`` times.
 
     Raises:
         ValueError: a value is not a positive integer, or ``tokens`` not two increasing ones.

@@ -248,14 +248,12 @@ class HttpPool:
         sending: Callable[[], None] | None = None,
         max_pieces: int | None = None,
     ) -> httpx2.Response:
-        """POSTs a JSON body to ``base + path``; the response is read in full.
+        """POSTs a JSON body to ``base + path``, with ``headers`` besides the pool's; read in full.
 
-        With ``collect_stream``, a 2xx event stream is read event by event and
-        returned as the equivalent non-streamed JSON response, failed once it
-        sends more than ``max_pieces`` pieces of text (None: no bound but the size
-        limit). ``headers`` are sent besides the pool's own. ``sending`` is called once a connection
-        takes the request (never when none came in time, a pool timeout; it
-        may be called more than once, when a connection turns it away).
+        With ``collect_stream``, a 2xx event stream is read event by event into the
+        equivalent non-streamed response, failed past ``max_pieces`` pieces of text.
+        ``sending`` is called once a connection takes the request (never on a pool
+        timeout; maybe more than once, when a connection turns it away).
 
         Raises:
             EngineProtocolError: the 2xx event stream is not a usable completion.

@@ -30,17 +30,11 @@ class BreakerState(Enum):
 
 @dataclass(eq=False)
 class Replica:
-    """One upstream base URL and what is known about it.
+    """One upstream base URL (normalised, ending in ``/v1``) and what is known about it.
 
-    Attributes:
-        url: normalised base URL (ends in ``/v1``).
-        outstanding: sequences in flight on it.
-        busy: its requests in flight, and since when it has had some.
-        trials: requests a half-open breaker takes at once.
-        failures: consecutive failures since the last success.
-        state: its circuit breaker's state.
-        n_honoured: whether it returned ``n`` choices when asked for ``n``
-            (None: not known yet).
+    ``outstanding`` counts its sequences in flight, ``trials`` the requests its
+    half-open breaker takes at once, ``failures`` those since its last success,
+    and ``n_honoured`` whether it returned ``n`` choices when asked (None: unknown).
     """
 
     url: str
@@ -73,12 +67,9 @@ def _rendezvous_score(key: str, url: str) -> int:
 class ReplicaSet:
     """Data-parallel replicas with least-outstanding balancing and key affinity.
 
-    Args:
-        urls: normalised, distinct base URLs.
-        failure_threshold: consecutive failures that open a replica's breaker.
-        affinity_slack: extra outstanding sequences a key's home replica may
-            carry over the least-loaded one and still be chosen.
-        sink: where breaker states are reported (see :meth:`report_to`).
+    ``urls`` are normalised and distinct; ``failure_threshold`` and
+    ``affinity_slack`` are as in :class:`~blendserve.engines.config.Health`, and
+    breaker states go to ``sink`` (see :meth:`report_to`).
     """
 
     def __init__(

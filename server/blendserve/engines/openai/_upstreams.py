@@ -71,13 +71,12 @@ WAITING = "vllm:num_requests_waiting"
 def parse_queue(text: str) -> tuple[int, int] | None:
     """Running and waiting requests in vLLM's Prometheus ``text``, each summed over label sets.
 
-    Only the two gauges' lines are parsed: a whole vLLM ``/metrics`` costs
-    far more to parse than these lines, on every reading. None: there is no running
-    gauge (not vLLM, or not Prometheus text at all).
+    Only the two gauges' lines are parsed (a whole ``/metrics`` costs far more).
+    None: there is no running gauge (not vLLM, or not Prometheus text at all).
 
     Raises:
-        ValueError: a gauge's line is malformed or its value is not a finite
-            number, or there are more than :data:`MAX_LABEL_SETS` of their lines.
+        ValueError: a gauge's line or value is malformed or not finite, or there
+            are more than :data:`MAX_LABEL_SETS` of their lines.
     """
     # Imported here: a process that reads no load (and has no metrics sink) loads no Prometheus.
     from prometheus_client.parser import text_string_to_metric_families
@@ -155,15 +154,10 @@ def _described(exc: BaseException | None) -> str:
 class Upstreams:
     """The replicas of one engine, the pool that reaches them and their probes.
 
-    Args:
-        urls: base URLs of the replicas (see :func:`split_credentials`).
-        api_key: sent as ``Authorization: Bearer`` (see :class:`HttpPool`).
-        timeouts: connects and stalls; a forwarded reply may stay silent for the
-            stall timeout, else for a call's.
-        limits: connections per replica and the largest response body.
-        health: when a replica's breaker opens and how often it is probed.
-        transport: custom httpx2 transport (tests, ASGI apps).
-        sink: where the replicas' configuration and states are reported.
+    ``urls`` may carry credentials (:func:`split_credentials`); a forwarded reply
+    may stay silent for ``timeouts``' stall timeout, else for a call's;
+    ``transport`` replaces the network (tests, ASGI apps); ``sink`` hears of the
+    replicas and their states.
     """
 
     def __init__(
@@ -255,12 +249,9 @@ class Upstreams:
     async def queue(self, replica: Replica) -> tuple[int, int] | None:
         """``replica``'s running and waiting requests, from vLLM's gauges at its ``/metrics``.
 
-        None, without I/O, while the replica is left alone. None when it
-        answers no vLLM gauges (not 200, not Prometheus text, nothing within
-        :data:`SIDE_TIMEOUT`, a body over :data:`METRICS_BYTES`, more than
-        :data:`MAX_LABEL_SETS` label sets): it is then left alone for
-        :data:`METRICS_RETRY_S` (logged at info level the first time, at debug
-        level after).
+        None, without I/O, while the replica is left alone; None too when it answers
+        no vLLM gauges within the bounds: it is then left alone for
+        :data:`METRICS_RETRY_S` (logged at info level the first time, debug after).
         """
         loop = asyncio.get_running_loop()
         if self.closed or self._no_metrics_until.get(replica.url, -math.inf) > loop.time():

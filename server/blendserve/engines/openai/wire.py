@@ -399,13 +399,12 @@ async def collect_events(
     """Assembles a streamed completion (its server-sent events) into the non-streamed shape.
 
     A chat stream's thought (``delta.reasoning`` or ``delta.reasoning_content``)
-    is assembled into the message's ``reasoning``. Events named other than
-    ``message`` are skipped, but for ``error``.
+    goes to the message's ``reasoning``; events named other than ``message`` or
+    ``error`` are skipped.
 
     Raises:
-        EngineProtocolError: a chunk is not a completion chunk, the stream
-            reports an error, or it sends more than ``max_pieces`` pieces of text
-            (:func:`piece_limit`).
+        EngineProtocolError: a chunk is not a completion chunk, the stream reports
+            an error, or it sends more than ``max_pieces`` pieces of text.
     """
     texts: dict[int, list[str]] = {}
     thoughts: dict[int, list[str]] = {}

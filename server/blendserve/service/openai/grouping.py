@@ -1,10 +1,8 @@
 """Request grouping: concurrent self-consistency requests share one Blend-ASC job.
 
-Requests whose job options agree (model, policy, answer format, sampling,
-settle delta) are gathered for up to ``wait`` seconds or ``max_questions``
-questions into one job whose budget is the sum of their per-question budgets
-(the paper's "batched queries"). Each request is answered as soon as its own
-questions are final, not when the group ends.
+Requests whose job options agree are gathered (the paper's "batched queries")
+into one job whose budget is the sum of theirs; each request is answered as
+soon as its own questions are final, not when the group ends.
 """
 
 from __future__ import annotations
@@ -53,13 +51,9 @@ class Ticket:
 
 
 class Grouper:
-    """Gathers requests into jobs.
-
-    Args:
-        maker: makes each group's job.
-        wait: seconds a group stays open for more requests.
-        max_questions: a group with this many questions starts at once.
-        jobs: where the jobs are tracked for a shutdown (None: a set of its own).
+    """Gathers requests into jobs made by ``maker``: a group stays open ``wait`` seconds
+    for more requests, or starts at once with ``max_questions``; ``jobs`` tracks the jobs
+    for a shutdown (None: a set of its own).
     """
 
     def __init__(

@@ -1,11 +1,9 @@
 """The drop-in's default: each question joins an always-open pool and stops once confident.
 
 One pool per (model, answer format, sampling parameters, budget or quality
-target); each client's ``tau`` in it is paced to the budget (see
-``scheduler/pool.py``). Requests join at once, with no grouping wait, and
-share the engine through their pool. A pool with no open question that was
-not used for its idle time (as its idle clients,
-:data:`~blendserve.scheduler.pool.IDLE_CLIENT_S`) is dropped.
+target), each client's ``tau`` in it paced to the budget; requests join at
+once, with no grouping wait. A pool with no open question, unused for its
+idle time, is dropped.
 """
 
 from __future__ import annotations
@@ -56,12 +54,9 @@ class OnlinePools:
         maker: makes each pool.
         score: the uncertainty thresholded (``asc`` or ``ppr``).
         cap: a question's cap, a multiple of the budget.
-        max_pools: idle pools beyond this many are dropped (their pacing restarts, and
-            their label's series go once no pool has the label).
-        running: where the pools are tracked for a shutdown, whose grace ends their
-            open questions with partial answers (None: a set of its own).
-        models: the model names the operator configured, which a pool's label may
-            name (see :mod:`~blendserve.service.openai.pool_labels`).
+        max_pools: idle pools beyond this many are dropped (their pacing restarts).
+        running: where the pools are tracked for a shutdown (None: a set of its own).
+        models: the model names the operator configured, which a pool's label may name.
     """
 
     def __init__(

@@ -42,12 +42,10 @@ class Choice:
 def choices_from_answers(events: Sequence[AnswerEvent], n: int) -> list[Choice]:
     """The ``n`` most-voted distinct answers of each question, each as a real completion.
 
-    Question ``i``'s choices have indices ``i*n ... i*n+n-1`` (fewer when it
-    had fewer distinct answers; one, its last completion, when it had none).
-    Each keeps its sample's finish reason: ``length`` says it was cut at
-    ``max_tokens`` (a truncated sample never votes, so that is the case of a
-    question whose every sample was cut, or of one stopped ``truncated``),
-    and its thought, if it had one.
+    Question ``i``'s choices have indices ``i*n ... i*n+n-1`` (fewer when it had
+    fewer distinct answers; one, its last completion, when it had none). Each
+    keeps its sample's thought and finish reason (``length``: every sample of the
+    question was cut at ``max_tokens``, or it stopped ``truncated``).
     """
     choices = []
     for i, event in enumerate(events):

@@ -71,14 +71,9 @@ def _model(state: ServiceState, asked: str | None) -> str:
 
 @dataclass(frozen=True)
 class _Voting:
-    """How a ``/v1`` request's questions are voted on.
-
-    Attributes:
-        options: the job options.
-        budget_per_question: mean samples per question.
-        confidence: a quality target instead of pacing to the budget.
-        policy_asked: the request named a policy (or is greedy): a job, not a pool.
-        temperature: the temperature samples are drawn at.
+    """How a ``/v1`` request's questions are voted on: its job options, mean samples per
+    question or quality target (``confidence``), and the temperature samples are drawn at;
+    ``policy_asked``: it named a policy (or is greedy), so a job, not a pool, votes.
     """
 
     options: JobOptions

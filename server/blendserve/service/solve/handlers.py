@@ -48,10 +48,10 @@ _CHUNK = 1000
 async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
     """The job for a validated request, made with the service's engine and defaults.
 
-    With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``.
-    A large request is built a chunk of questions at a time, yielding to the
-    event loop in between: ten requests of 10,000 questions arriving at once
-    then take turns with ``/health`` instead of running back to back.
+    With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``. A
+    large request is built a chunk of questions at a time, yielding to the event
+    loop in between, so that large requests arriving together take turns with
+    ``/health``.
     """
     questions: list[Question] = []
     for start in range(0, len(request.questions), _CHUNK):
@@ -103,11 +103,9 @@ def _summary(done: DoneEvent, answers: list[AnswerOut]) -> SolveResponse:
 async def _events(job: Runnable, slot: Slot | None) -> AsyncGenerator[Event, None]:
     """The job's events; each answer gives its question's admission slot back.
 
-    After each answer the event loop has a turn: a job's last answers come
-    out in a burst (thousands, without waiting on the engine), and a socket
-    buffer rarely makes a stream wait, so the burst would hold the loop, and
-    ``/health``, for seconds. The turn also lets a lost connection be seen
-    before the next answer is written to it.
+    The event loop has a turn after each answer: a job's last answers come out in
+    a burst that would otherwise hold it (and ``/health``), and a lost connection
+    is seen before the next answer is written to it.
     """
     async with aclosing(job.events()) as events:
         async for event in events:
@@ -125,10 +123,8 @@ async def collect(
 ) -> SolveResponse:
     """Runs the job to the end and returns every answer in question order.
 
-    Args:
-        job: the job.
-        slot: its admission, given back question by question as they are answered.
-        include_reasoning: each answer carries its completion's thought.
+    ``slot`` (its admission) is given back question by question as they are
+    answered; with ``include_reasoning`` each answer carries its completion's thought.
     """
     answers: list[AnswerOut] = []
     async with aclosing(_events(job, slot)) as events:

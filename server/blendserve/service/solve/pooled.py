@@ -27,16 +27,11 @@ __all__ = ["PooledJob"]
 
 
 class PooledJob:
-    """Runs a batch through its own pool; iterate :meth:`events` as a job's.
+    """Runs a batch through its own ``pool`` of a fixed target; iterate :meth:`events` as a job's.
 
-    The summary's budget is the most the batch could spend (the cap times
-    the questions), so ``unspent`` is what stopping at the target saved.
-    A question whose engine keeps failing before its first sample gets an
-    empty partial answer and fails the batch; the others still answer.
-
-    Args:
-        pool: a pool with a fixed target (its spec's ``target``).
-        questions: the batch.
+    Its budget is the most the batch could spend, so ``unspent`` is what stopping
+    at the target saved; a question whose engine keeps failing before its first
+    sample gets an empty partial answer and fails the batch.
     """
 
     def __init__(self, pool: Pool, questions: Sequence[Question]) -> None:
