@@ -1,89 +1,16 @@
 """Engine over OpenAI-compatible HTTP upstreams (vLLM, SGLang, llama.cpp, ...).
 
-One :class:`OpenAIEngine` talks to one or more data-parallel replicas of the
-same model over pooled keep-alive connections (httpx2 transports, at most
-``limits.connections`` per replica; :mod:`blendserve.engines.openai._http_pool`
-says why not one ``httpx2.AsyncClient``). A request with ``messages`` goes to
-``{url}/chat/completions``, one with ``prompt`` to ``{url}/completions``;
-``mode`` only tells callers which kind to build. Base URLs are normalised to
-end in ``/v1``: ``http://host:8000``, ``http://host:8000/`` and
-``http://host:8000/v1`` are the same upstream. ``model=None`` leaves the
-``model`` field out (vLLM and llama.cpp then use the model they serve).
-
-Contract, beyond :class:`~blendserve.engines.base.Engine`:
-
-* ``n`` samples come from one request with ``n`` where the upstream honours
-  it. An upstream that returns fewer choices than asked (llama.cpp ignores
-  ``n``) is remembered as not honouring ``n``; the missing samples are topped
-  up with single requests, and later calls to it send ``n`` single requests.
-  The missing samples count as ``cancelled`` at that upstream (the top-ups
-  are dispatched anew), so that per upstream ``dispatched = completed +
-  failed + cancelled`` plus those in flight.
-  Single requests carry distinct seeds: ``seed + i`` for the ``i``-th sample
-  when a seed was given (wrapped within 64 bits), else random distinct seeds. A call returns exactly
-  ``n`` samples or raises; samples of a failed call are dropped, never reused.
-* :meth:`OpenAIEngine.stream` (what jobs and pools call) sends ``n`` single
-  requests instead (one of ``n`` with ``n_support="yes"``), so that each
-  sample is handed over as it returns and the rest can be cancelled; they
-  carry the seeds of the ``n`` request's samples and its replica affinity, so
-  that a prefix cache serves their prompt once.
-* Samples carry the upstream's usage. With ``stream``, an upstream whose
-  streams carry no usage (llama.cpp's server) is asked for a prompt's token
-  count once, by a one-token non-streamed request, and the count is kept.
-* 429, 5xx, transport errors and unusable answers (a 2xx body or stream
-  that is no completion: an HTML error page, a malformed chunk, an error
-  reported mid-stream, a body over the size limit, a token count over
-  :data:`~blendserve.engines.openai.wire.MAX_TOKENS`) are retried at most
-  ``retry.max_retries`` times. A retry goes at once to a healthy replica this call has not tried,
-  if any; otherwise it waits a jittered exponential backoff, or
-  ``Retry-After`` when given (capped at 30 s) the first time in a streak of
-  a replica's throttled answers (:class:`~blendserve.engines._retry.Throttles`);
-  a ``Retry-After`` longer than ``retry.max_retry_after`` ends the call at
-  once instead (:class:`~blendserve.engines._retry.RetryPolicy`).
-  Other statuses are not retried. 5xx, transport errors and unusable answers
-  count towards the replica's breaker. A pool timeout (no pooled connection
-  came in time, see :mod:`blendserve.engines.openai._http_pool`) is retried too, but
-  it is not the replica's failure: it does not count towards its breaker, and
-  its samples are not counted ``dispatched`` (they never went out).
-* A response body over ``limits.response_bytes`` (an upstream that never
-  stops streaming, a runaway completion) fails the attempt as unusable; a forwarded
-  reply is cut off there.
-* Credentials in a base URL (``http://user:password@host/v1``) are sent as
-  HTTP basic auth to that replica and never shown: replicas are named by
-  their URL without them (``/health``, metrics labels, error messages).
-* Errors: :class:`~blendserve.errors.EngineTimeout` when the call's deadline
-  (``request.timeout`` or ``timeouts.call``, covering retries) passes;
-  :class:`~blendserve.errors.EngineUnavailable` when retries are exhausted or
-  every replica is out; :class:`~blendserve.errors.EngineProtocolError` when
-  the last attempt answered unusably (or its failures opened the last
-  breaker), and :class:`~blendserve.errors.UpstreamRejected` for other
-  statuses. The httpx2 error is the ``__cause__``.
-* Replicas: see :mod:`blendserve.engines.openai._replicas` for the balancing,
-  affinity and circuit breaker rules, and :mod:`blendserve.engines.openai._upstreams`
-  for the probes; a trial request closes or reopens a half-open breaker.
-  While no replica is available a call fails at once with
-  :class:`~blendserve.errors.EngineUnavailable`, without waiting a backoff.
-* Cancelling ``generate`` closes its in-flight HTTP requests.
-* Load (:meth:`OpenAIEngine.load`): without ``capacity`` (the default), what
-  this process has in flight, as any engine; nothing is polled. With it,
-  ``capacity`` is *per replica* (vLLM's ``--max-num-seqs``) and the engine's
-  is ``capacity`` times the number of replicas; running and waiting are what
-  the replicas' vLLM says it runs and queues (its Prometheus gauges
-  ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` at
-  ``{url without /v1}/metrics``, summed over label sets and replicas), so
-  that several blendserve processes in front of the same vLLM each see the
-  others' load. The last reading is kept in memory by a background task that
-  reads every replica at most every ``load_interval`` seconds (started by the
-  first ``load`` or ``generate`` that runs in an event loop, stopped by
-  ``aclose``); ``load`` itself does no I/O. The change in this process's own
-  ``sequences_in_flight`` since the reading is added to it (a burst just sent
-  is not invisible until the next reading, and samples that ended leave at
-  once), and the load is never less than this process's own. A replica
-  without those gauges (no ``/metrics``, not Prometheus text, no answer
-  within 5 s) counts this process's sequences in flight there instead, and
-  is asked again a minute later. vLLM counts requests: V1 splits a request
-  with ``n > 1`` into ``n`` requests, so there its counts are sequences (an
-  older V0 server counts such a request once).
+One :class:`OpenAIEngine` talks to data-parallel replicas of one model over pooled
+keep-alive connections (:mod:`~blendserve.engines.openai._http_pool`). A request with
+``messages`` goes to ``{url}/chat/completions``, one with ``prompt`` to
+``{url}/completions``; base URLs are normalised to end in ``/v1``. ``n`` samples go as
+one request where a replica honours ``n``, else as seeded single requests (the samples
+a short answer lacks count ``cancelled`` there, and are asked for anew);
+:meth:`~OpenAIEngine.stream` sends singles, each handed over as it returns. Retries,
+failover, breakers, credentials, size limits and the load read from vLLM's gauges are
+on docs/engines.md ("OpenAI-compatible upstreams", "Engine load") and
+docs/operations.md ("Upstream faults"); the replica rules live in
+:mod:`~blendserve.engines.openai._replicas` and :mod:`~blendserve.engines.openai._upstreams`.
 """
 
 from __future__ import annotations
@@ -146,29 +73,16 @@ _SEED_SPACE = 2**31 - 1
 class OpenAIEngine(Engine, PassThrough):
     """Samples from OpenAI-compatible upstreams serving the same model.
 
-    Args:
-        urls: base URLs of data-parallel replicas, with or without ``/v1``.
-        model: default ``model`` field (None: omitted, the upstream's default).
-        api_key: sent as ``Authorization: Bearer``.
-        mode: ``chat`` or ``completions``, the request kind callers should
-            build by default; both kinds are always served.
-        n_support: ``auto`` detects per replica whether ``n`` is honoured;
-            ``yes`` always sends ``n``; ``no`` always sends ``n`` single requests.
-        stream: request streamed responses, so a cancelled call stops generating
-            (needed by a stall timeout).
-        session_header: a header carrying the question id on every request, for
-            a router in front of several replicas that routes on it (vLLM
-            production-stack's session routing).
-        timeouts: how long it waits (a call, a connect, a stalled stream).
-        limits: connections per replica, the largest response body.
-        health: when a replica's breaker opens, is probed, or is passed over.
-        retry: retries of a call and their backoff; an upstream asking to retry
-            after more than ``retry.max_retry_after`` fails the call at once (a
-            job's own failure timeout then decides, not the upstream).
-        transport: custom httpx2 transport (tests, ASGI apps).
-        sink: where samples, retries, latencies and health are reported.
-        load_interval: seconds between readings of the replicas' load, taken
-            only once ``capacity`` (sequences per replica) is set.
+    ``urls`` are the replicas' base URLs, with or without ``/v1``; ``model=None``
+    leaves the field out (the upstream's default); ``mode`` is the request kind
+    callers build by default (both are served). ``n_support``: ``auto`` detects per
+    replica whether ``n`` is honoured, ``yes`` always sends it, ``no`` always sends
+    single requests. ``stream`` asks for streamed responses, so that a cancelled call
+    stops generating (a stall timeout needs it). ``session_header`` carries the
+    question id on every request, for a router's session routing. An upstream asking
+    to retry after more than ``retry.max_retry_after`` fails the call at once (the
+    job's own failure timeout decides, not the upstream). ``load_interval`` is the
+    seconds between readings of the replicas' load, taken once ``capacity`` is set.
     """
 
     name = "openai"
@@ -269,14 +183,14 @@ class OpenAIEngine(Engine, PassThrough):
     # -- generate ----------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        """Returns exactly ``request.n`` samples; see the module docstring.
+        """Exactly ``request.n`` samples (those of a failed call are dropped, never reused).
 
         Raises:
-            EngineTimeout: the deadline passed.
-            EngineUnavailable: no replica could serve, or the engine is closed.
-            EngineProtocolError: an upstream answered unusably.
-            InvalidRequest: ``params.extra`` sets ``n``, ``seed`` or
-                ``stream``.
+            EngineTimeout: ``request.timeout`` (else ``timeouts.call``) passed, retries included.
+            EngineUnavailable: retries exhausted, every replica out, or the engine closed.
+            EngineProtocolError: the last attempt answered unusably.
+            UpstreamRejected: a status that is not retried (a 4xx other than 429).
+            InvalidRequest: ``params.extra`` sets ``n``, ``seed`` or ``stream``.
         """
         if self._upstreams.closed:
             raise EngineUnavailable("the engine is closed")
@@ -549,11 +463,11 @@ class OpenAIEngine(Engine, PassThrough):
     # -- load --------------------------------------------------------------------
 
     def load(self) -> EngineLoad:
-        """How full the replicas are, from the last reading; no I/O (see the module docstring).
+        """How full the replicas are, from the last reading; no I/O.
 
-        Without ``capacity``, this process's own sequences in flight. With it,
-        the replicas' running and waiting sequences out of ``capacity`` per
-        replica; starts the readings if this runs in an event loop.
+        Without ``capacity``, this process's own sequences in flight. With it, the
+        replicas' running and waiting sequences out of ``capacity`` per replica
+        (docs/engines.md, "Engine load"); starts the readings if this runs in a loop.
         """
         if self.capacity is None:
             return super().load()
