@@ -1,14 +1,9 @@
 """How flat a batch's or a pool's answers are, and the uniform start that follows from it.
 
-On flat answer distributions (many near-tied answers) a question whose first
-samples agree by chance looks sure to ASC and PPR-1v1 and is starved, so
-adaptive policies can err more than plain self-consistency at the same
-spend. What protects them there is a uniform start: every question gets a
-share of the budget before the uncertainty decides. On peaked data that
-start only costs samples. The share of questions whose first two samples
-disagree tells the two apart (1 minus the mean chance that two samples
-agree): low on peaked data, high on flat (docs/policies.md gives the ramp,
-docs/benchmarks.md the recorded sets' values).
+On flat answer distributions adaptive policies starve questions whose first samples
+agree by chance; a uniform start protects them, and only costs samples on peaked data.
+The share of questions whose first two samples disagree tells the two apart
+(docs/policies.md, "The default policy").
 """
 
 from __future__ import annotations
@@ -41,12 +36,9 @@ def floor_share(disagreement: float) -> float:
 def cap_multiple(disagreement: float) -> float | None:
     """Most samples a question may hold, as a multiple of the mean: 2.5 / disagreement.
 
-    Only the questions that disagree need more than a few samples, so they
-    may take about 2.5 times their share of the budget each: with a few
-    contested questions in a peaked batch (a disagreement of 0.01) that is
-    no cap at all (None past 1,000), and they get what they need; on flat
-    data, where near-ties never resolve, samples past a few times the mean
-    buy little and go to the questions that only look sure instead.
+    Only contested questions need more than a few samples, so each may take about 2.5
+    times its share: in a peaked batch hardly a cap (None past 1,000); on flat data, where
+    near-ties never resolve, the samples past it go to questions that only look sure.
     """
     if disagreement * 1000.0 <= _CAP_SCALE:
         return None
@@ -56,14 +48,9 @@ def cap_multiple(disagreement: float) -> float | None:
 class Flatness:
     """A running estimate of the disagreement of finished questions, from a cautious prior.
 
-    The prior counts as ``prior_weight`` questions that disagreed at
-    ``prior``: until a few questions have finished, a stream starts as if
-    its answers were flat (the safe side: a larger first wave costs samples,
-    a smaller one on flat data costs accuracy).
-
-    Args:
-        prior: the disagreement assumed before any question.
-        prior_weight: how many questions the prior counts as.
+    The prior counts as ``prior_weight`` questions that disagreed at ``prior``: until a
+    few questions have finished, a stream starts as if its answers were flat (the safe
+    side: a larger first wave costs samples, a smaller one on flat data accuracy).
     """
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 10.0) -> None:

@@ -15,12 +15,8 @@ __all__ = ["Option", "parse_spec", "spec_pattern"]
 
 @dataclass(frozen=True)
 class Option:
-    """One ``key=value`` option.
-
-    Attributes:
-        parse: the value from its text (raises ValueError on a bad one).
-        pattern: a regular expression of the values a schema documents.
-    """
+    """One ``key=value`` option: ``parse`` reads its value (ValueError on a bad one),
+    ``pattern`` is the regular expression of the values a schema documents."""
 
     parse: Callable[[str], Any]
     pattern: str

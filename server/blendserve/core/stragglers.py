@@ -1,17 +1,10 @@
 """When a sample in flight is a straggler: out far longer than its job's samples take.
 
-A job that cannot see its engine's capacity keeps only a few samples in flight
-per open question, so that it decides close to the sequential policy. A sample
-that hangs on (a long generation, an upstream that holds the request) would
-then hold one of those few slots for its whole length, and a handful of them
-stop the job while the engine has room it does not show. A sample out longer
-than ``multiple`` times the median time of the job's recent samples, and at
-least ``floor`` seconds, is a straggler: it stays in flight and still votes if
-it comes, but no longer holds a slot.
-
-The median is of the samples that came back; the samples still out are not
-known yet, so a job whose samples are all slow has no straggler (it has no
-faster peers to tell them from). Times are given in, never read: no clock here.
+On an engine of unknown capacity a job keeps few samples in flight, and a few that
+hang on would stop it while the engine has room. One out longer than ``multiple``
+times the median of the job's recent samples, and at least ``floor`` seconds, no
+longer holds a slot (docs/solve.md, "Samples in flight"). The median is of the samples
+that came back, so a job whose samples are all slow has none. Times are given in.
 """
 
 from __future__ import annotations
@@ -32,14 +25,7 @@ WINDOW = 256
 
 
 class Stragglers:
-    """The times a job's samples took, and the age past which one still out is a straggler.
-
-    Args:
-        multiple: a straggler is out longer than this times the median ...
-        floor: ... and longer than this many seconds.
-        min_peers: no straggler until this many samples came back.
-        window: the median is of the latest ``window`` times.
-    """
+    """The times a job's samples took, and the age past which one still out is a straggler."""
 
     def __init__(
         self,

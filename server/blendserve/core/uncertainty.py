@@ -1,10 +1,8 @@
 """Per-question uncertainty scores of ASC and PPR-1v1, in log space.
 
-Both scores depend only on the two largest vote counts ``n1 >= n2`` (and, for
-PPR-1v1, on the number of distinct answers seen), so they are memoised per
-state: a question's score is recomputed in O(1) after each sample. Scalars go
-through ``scipy.special.cython_special``: the ufuncs' own kernels (equal results,
-bit for bit) without the ufunc call overhead.
+Both depend only on the two largest vote counts (and, for PPR-1v1, on the distinct
+answers seen), so they are memoised per state. Scalars go through
+``scipy.special.cython_special``: the ufuncs' kernels without their call overhead.
 """
 
 from __future__ import annotations
@@ -25,15 +23,9 @@ _UNDERFLOW = 1e-280
 
 @lru_cache(maxsize=1 << 16)
 def asc_log_uncertainty(n1: int, n2: int) -> float:
-    """Log of ASC's ``P[p1 < p2] = I_{1/2}(n1 + 1, n2 + 1)``.
+    """Log of ASC's ``P[p1 < p2] = I_{1/2}(n1 + 1, n2 + 1)`` for the top two counts ``n1 >= n2``.
 
-    Args:
-        n1: votes of the leading answer.
-        n2: votes of the runner-up (0 if only one answer was seen).
-
-    Returns:
-        A finite log-probability; larger means less sure. Stays finite and
-        strictly ordered for counts up to at least 100,000.
+    Larger means less sure; finite and strictly ordered for counts up to at least 100,000.
     """
     value = float(cython_special.betainc(n1 + 1.0, n2 + 1.0, 0.5))
     if value > _UNDERFLOW:
@@ -47,19 +39,11 @@ def asc_log_uncertainty(n1: int, n2: int) -> float:
 
 @lru_cache(maxsize=1 << 16)
 def ppr_log_uncertainty(n1: int, n2: int, num_distinct: int) -> float:
-    """Log of PPR-1v1's ``(max(2, K) - 1) * BetaPDF(1/2; n1 + 1, n2 + 1)``.
+    """Log of PPR-1v1's ``(max(2, K) - 1) * BetaPDF(1/2; n1 + 1, n2 + 1)``, K distinct answers.
 
-    The paper writes ``min(2, K)``, which zeroes the score of a question with a
-    single answer seen; ``max`` keeps it finite.
-
-    Args:
-        n1: votes of the leading answer.
-        n2: votes of the runner-up.
-        num_distinct: distinct answers seen so far (K).
-
-    Returns:
-        ``log(K - 1) - (n1 + n2) log 2 - betaln(n1 + 1, n2 + 1)``; larger means
-        less sure. Settling at error delta is ``score <= log(delta)``.
+    The paper writes ``min(2, K)``, which zeroes the score of a question with a single
+    answer seen; ``max`` keeps it finite. Larger means less sure; settling at error
+    delta is ``score <= log(delta)``.
     """
     return (
         math.log(max(2, num_distinct) - 1)

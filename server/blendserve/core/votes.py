@@ -18,9 +18,6 @@ class VoteState:
     ``num_distinct`` (distinct answers seen, K-hat). The leading answer of a
     question is the first answer to reach ``n1``; a later answer must exceed
     it to take the lead, so ties never favour an answer by its value.
-
-    Args:
-        num_questions: number of questions in the job.
     """
 
     def __init__(self, num_questions: int) -> None:

@@ -1,23 +1,9 @@
 """Answer extraction per kind: the final answer of a sample, or None to abstain.
 
-Kinds (see :data:`KINDS`):
-
-* ``number``: ``#### x``, else "the answer is x", else a final ``\\boxed{x}``,
-  else the last number in the text (lm-evaluation-harness GSM8K filters).
-* ``math``: the last top-level ``\\boxed{...}``/``\\fbox{...}``, else "final answer
-  is ..." (never a number read out of the reasoning).
-* ``choice``: a letter A-J from ``Answer: (C)``, ``\\boxed{C}``, "the correct answer
-  is C" or a lone letter on the last line; the last match in the text wins.
-* ``regex``: the caller's pattern, its first group (the whole match without
-  groups), searched with the ``regex`` module under a timeout.
-* ``exact``: the trimmed, whitespace-folded text.
-* ``auto``: boxed, else ``####``, else "answer is", else the last number.
-
-Every kind reads the final answer, never a thought (:mod:`.thoughts`): the
-text after a reasoning model's closing tag, or its harmony ``final`` channel;
-a sample whose thought never closed has no final answer, and abstains in every
-kind. An unclosed last box means a truncated sample: every kind but ``regex``
-and ``exact`` abstains on it. Every pattern here is linear in the input.
+What each kind of :data:`KINDS` reads is on docs/policies.md ("Answers"). Every kind
+reads the final answer, never a thought (:mod:`.thoughts`): a sample whose thought
+never closed abstains. An unclosed last box means a truncated sample: every kind but
+``regex`` and ``exact`` abstains on it. Every pattern here is linear in the input.
 """
 
 from __future__ import annotations
@@ -50,7 +36,7 @@ __all__ = [
     "search_regex",
 ]
 
-#: How a sample's answer is read (see the module's docstring).
+#: How a sample's answer is read (docs/policies.md, "Answers").
 AnswerKind = Literal["auto", "number", "math", "choice", "regex", "exact"]
 #: Every answer kind ``extract`` and ``canonical_key`` accept.
 KINDS: tuple[AnswerKind, ...] = get_args(AnswerKind)
@@ -349,17 +335,11 @@ def extract(
     *,
     reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS,
 ) -> str | None:
-    """The final answer of one sample for ``kind``, or None to abstain.
+    """The final answer of one sample's ``text`` for ``kind``, or None to abstain.
 
-    Only the final answer is read, never a thought (see :func:`read_thought`);
-    a sample whose thought never closed abstains.
-
-    Args:
-        text: the sample's completion text.
-        kind: one of :data:`KINDS`.
-        pattern: the regular expression of the ``regex`` kind (required there).
-        timeout: the ``regex`` kind's time limit, in seconds.
-        reasoning_tags: the model's thought markers.
+    Only the final answer is read, never a thought (see :func:`read_thought`); a
+    sample whose thought never closed abstains. ``pattern`` (required) and
+    ``timeout`` (seconds) are the ``regex`` kind's.
 
     Raises:
         ValueError: unknown kind, or a ``regex`` kind without a valid pattern.

@@ -1,15 +1,11 @@
 """Sympy-based canonical keys for math answers (may be slow: run them under a deadline).
 
-:func:`sympy_key` parses a cleaned LaTeX answer with ``latex2sympy2_extended``
-(the parser behind ``math-verify``, used here as a parser only: extraction is
-ours) and prints a deterministic canonical form, so that equivalent answers
-share a key: ``\\frac12``/``0.5``, ``\\sqrt{8}``/``2\\sqrt{2}``, ``\\{1,2\\}``/``\\{2,1\\}``,
-``x = 5``/``5``. Sets are order-free, tuples ordered, intervals keep their
-open/closed ends, polynomial equations are scaled to a monic form.
-
-Nothing here has a time limit of its own: callers must run :func:`sympy_key`
-where it can be killed, and only on inputs :func:`is_safe_for_sympy` accepts.
-sympy is imported lazily so that importing this module stays cheap.
+:func:`sympy_key` parses a cleaned LaTeX answer with ``latex2sympy2_extended`` (the
+parser behind ``math-verify``, used as a parser only) and prints a deterministic
+canonical form, so that equivalent answers share a key (docs/policies.md, "Answers"):
+sets are order-free, tuples ordered, intervals keep their ends, polynomial equations
+are monic. Nothing here has a time limit: callers run :func:`sympy_key` where it can
+be killed, on inputs :func:`is_safe_for_sympy` accepts. sympy is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """String normalisation for answers: boxes, numbers, LaTeX clean-up and cheap keys.
 
-Everything here is linear in the input length (no backtracking-prone regexes,
-no nested scans), so it is safe to run on hostile model output inline.
-
-Percent convention: a trailing ``%`` (or ``\\%``) is dropped, in every kind, so
-``50%`` keys as ``50`` (never ``0.5``). Degrees (``^\\circ``) and dollar signs are
-dropped the same way.
+Everything here is linear in the input (no backtracking-prone regexes, no nested
+scans), so it is safe on hostile model output inline. A trailing ``%`` (or ``\\%``),
+degrees (``^\\circ``) and dollar signs are dropped in every kind: ``50%`` keys as
+``50`` (never ``0.5``).
 """
 
 from __future__ import annotations
@@ -75,13 +73,9 @@ def exact_key(text: str) -> str:
 
 @dataclass(frozen=True)
 class BoxScan:
-    """The last top-level ``\\boxed{...}``/``\\fbox{...}`` of a text.
-
-    Attributes:
-        content: the box's content, None when there is no box or it is unclosed.
-        start: index of the box command in the text (-1 when there is none).
-        unclosed: the last box never closes (a truncated sample).
-    """
+    """The last top-level ``\\boxed{...}``/``\\fbox{...}`` of a text: its ``content`` (None
+    when there is none or it is ``unclosed``, a truncated sample) and ``start``, the index
+    of its command (-1: no box)."""
 
     content: str | None
     start: int = -1

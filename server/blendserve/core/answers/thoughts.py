@@ -1,23 +1,12 @@
 """A reasoning model's completion read as its thought and its final answer.
 
-Reasoning models (DeepSeek-R1 and its distills, Qwen3 in thinking mode, QwQ,
-gpt-oss) think before they answer, and only the answer may vote: a number or a
-``\\boxed{}`` in a thought is a step, not an answer. :func:`read_thought` reads
-the shapes these models write when no reasoning parser split them upstream:
-
-* ``<think>...</think>answer``: the answer is the text after the last closing tag;
-* ``...</think>answer``: the same without the opening tag (DeepSeek-R1's and
-  Qwen3-Thinking-2507's chat templates open the thought in the prompt);
-* harmony channels (gpt-oss): ``<|channel|>analysis<|message|>...<|end|><|start|>
-  assistant<|channel|>final<|message|>answer``: the answer is the last ``final``
-  message, the thought the ``analysis`` messages;
-* the same with its special tokens skipped (``analysis...assistantfinalanswer``).
-
-A thought that opens and never closes (an opening tag after the last closing
-one, or harmony without a ``final`` message) is *cut*: the sample has no final
-answer (it ran out of tokens while thinking) and must not vote. Text with no
-marker at all is all answer. The tags are a setting (:class:`ReasoningTags`).
-Every scan here is linear in the text.
+Only the final answer may vote: a number or a ``\\boxed{}`` in a thought is a step.
+:func:`read_thought` reads what a model writes when no reasoning parser split it
+upstream: the text after the last closing tag (with or without the opening one), or
+harmony's last ``final`` message (gpt-oss), with or without its special tokens
+(docs/solve.md, "Reasoning models"). A thought that opens and never closes is *cut*:
+the sample ran out of tokens thinking and has no final answer. Text with no marker
+is all answer. Every scan here is linear in the text.
 """
 
 from __future__ import annotations
@@ -30,12 +19,7 @@ __all__ = ["DEFAULT_REASONING_TAGS", "ReasoningTags", "Thought", "read_thought"]
 
 @dataclass(frozen=True)
 class ReasoningTags:
-    """The markers around a model's thought: ``<think>`` and ``</think>`` by default.
-
-    Attributes:
-        open: the tag that opens a thought.
-        close: the tag that closes it.
-    """
+    """The markers around a model's thought: ``<think>`` and ``</think>`` by default."""
 
     open: str = "<think>"
     close: str = "</think>"
@@ -67,11 +51,9 @@ DEFAULT_REASONING_TAGS = ReasoningTags()
 class Thought:
     """One completion, read as a thought and a final answer.
 
-    Attributes:
-        content: the final answer's text, what extraction reads (everything
-            when there is no thought).
-        reasoning: the thought, without its markers (None: there was none).
-        cut: the thought never closed: the sample has no final answer.
+    ``content`` is the final answer's text, what extraction reads (everything when
+    there is no thought); ``reasoning`` the thought without its markers; ``cut``: the
+    thought never closed, so the sample has no final answer.
     """
 
     content: str
@@ -129,12 +111,7 @@ def _skipped_harmony(text: str) -> Thought | None:
 
 
 def read_thought(text: str, tags: ReasoningTags = DEFAULT_REASONING_TAGS) -> Thought:
-    """``text`` as a thought and a final answer (see the module's docstring for the shapes).
-
-    Args:
-        text: a completion as the model wrote it.
-        tags: the model's thought markers.
-    """
+    """``text``, a completion as the model wrote it, as a thought and a final answer."""
     if "<|channel|>" in text:
         return _harmony(text)
     if _SKIPPED_FINAL in text:

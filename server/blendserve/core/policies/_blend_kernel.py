@@ -13,10 +13,9 @@ Three arrays hold the whole state, so a selection or a vote is one compiled call
 - ``questions[row, i]`` (int): rows ``SLOT_OF`` (question -> slot), ``POSITION``
   (question -> index in ``order``) and ``ORDER`` (index -> question).
 
-Numba (and llvmlite with it) is imported at the first kernel call, not with this
-module: a process that never runs Blend-ASC never loads it. vLLM's CPU workers,
-spawned from the service, import its main module again and scan every loaded module
-for kernels to override, and llvmlite's bindings break that scan.
+Numba is imported at the first kernel call, not with this module: vLLM's CPU workers,
+spawned from the service, import its main module again, and llvmlite's bindings
+break their scan of the loaded modules.
 """
 
 from __future__ import annotations

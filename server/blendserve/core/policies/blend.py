@@ -1,17 +1,11 @@
 """Blend-ASC: the ASC rank early in the budget, the PPR-1v1 rank late.
 
-At step ``t`` of budget ``T`` Blend-ASC samples the question minimising
-``(1 - t/T) * rank_ASC + (t/T) * rank_PPR`` (paper, figure "Overview"), with
-rank 0 the least sure question and average ranks for ties.
-
-A question is ranked by its ``rank_state`` (its votes, plus each pending
-sample as a vote for its leader). Questions with equal scores (at least those
-in the same state ``(n1, n2, max(2, K) - 1)``) share their ranks, so the ranks
-are kept per such *slot* instead of per question: a sample dispatched or
-observed moves one question between two slots,
-which shifts every slot's rank by ``sign(u_new - u) - sign(u_old - u)`` in one
-pass, with no sort. An empty slot keeps its ranks current until a new state
-takes it over, so the arrays stay as small as the most states live at once.
+At step ``t`` of budget ``T`` it samples the question minimising
+``(1 - t/T) * rank_ASC + (t/T) * rank_PPR`` (paper, figure "Overview"), with rank 0
+the least sure question and average ranks for ties. Questions in one state
+``(n1, n2, max(2, K) - 1)`` of their ``rank_state`` share their ranks, so ranks are
+kept per such *slot*, updated in one pass with no sort as a sample moves a question
+between two slots (:mod:`._blend_kernel`).
 """
 
 from __future__ import annotations
@@ -48,15 +42,7 @@ def _log_uncertainties(n1: int, n2: int, num_distinct: int) -> tuple[float, floa
 
 
 class BlendPolicy(AllocationPolicy):
-    """Blend-ASC over one shared budget.
-
-    Args:
-        num_questions: questions in the job.
-        budget: total samples T.
-        settle_delta: PPR-1v1 error at which a question stops; 0 is pure Blend-ASC.
-        cap: skip questions above ``cap`` times the mean samples (paper: 16).
-        seed: seeds the random tie-break.
-    """
+    """Blend-ASC over one shared budget T; ``cap`` defaults to the paper's 16."""
 
     name = "blend"
     budget_aware = True
@@ -145,12 +131,8 @@ class BlendPolicy(AllocationPolicy):
 
 
 def warm_up() -> None:
-    """Compiles the policy's kernels (or loads them from numba's cache) now.
-
-    The first :meth:`BlendPolicy.select` does it otherwise: about a second
-    (numba's imports and its cache), on whatever thread selects first, which
-    in the service is the event loop's.
-    """
+    """Compiles the policy's kernels (or loads them from numba's cache) now, not on whatever
+    thread first selects (in the service, the event loop's)."""
     policy = BlendPolicy(3, 6, settle_delta=0.1, max_in_flight=6)
     for key in ("a", None, "b"):
         (q,) = policy.select(1)

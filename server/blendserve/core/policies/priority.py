@@ -1,9 +1,7 @@
 """Policies whose choice depends on each question alone: SC, ESC, ASC, PPR-1v1, oracle.
 
-Each ranks a question by a number that changes only when that question is
-sampled, so a lazy heap serves them in O(log n) per decision. (ASC and
-PPR-1v1 sample the question of lowest rank; the lowest rank is the largest
-uncertainty, so no rank needs computing.)
+Each ranks a question by a number that changes only when that question is sampled,
+so a lazy heap serves them in O(log n) per decision.
 """
 
 from __future__ import annotations
@@ -93,13 +91,9 @@ class SCPolicy(PriorityPolicy):
 class ESCPolicy(PriorityPolicy):
     """Early-stopping SC: sample in windows; stop a question on a unanimous window.
 
-    Questions advance together (least-sampled first); a question stops when
-    its latest complete window of ``window`` samples holds one answer. The
+    Questions advance together (least-sampled first); a question stops when its latest
+    complete window of ``window`` samples (ESC's default: 5) holds one answer. The
     final answer is the overall plurality, as for every policy.
-
-    Args:
-        window: samples per window (ESC's default is 5).
-        **kwargs: as for :class:`AllocationPolicy`.
     """
 
     name = "esc"
@@ -151,17 +145,12 @@ class PPRPolicy(PriorityPolicy):
 
 
 class OraclePolicy(PriorityPolicy):
-    """Fixed allocation with oracle access to each question's true distribution.
+    """Fixed allocation knowing each question's true margin (``margins``): the simulator's baseline.
 
     Uses the error model ``err(x, q) = exp(-m_q x)`` with margin
     ``m_q = (sqrt(p1) - sqrt(p2))^2`` (paper, Theorem 1 and section 4.1), which
     is convex and decreasing in ``x``, and allocates greedily by the largest
     marginal error reduction ``exp(-m x) (1 - exp(-m))`` (appendix B).
-    A baseline for the simulator only.
-
-    Args:
-        margins: true margin of each question.
-        **kwargs: as for :class:`AllocationPolicy`.
     """
 
     name = "oracle"

@@ -63,12 +63,8 @@ _ONLY = {
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy name with its options, parsed from ``name[:key=value,...]``.
-
-    Attributes:
-        name: one of :data:`POLICIES`.
-        options: keyword arguments for the policy's constructor.
-    """
+    """A policy name (one of :data:`POLICIES`) with its options, the keyword arguments of
+    its constructor, parsed from ``name[:key=value,...]``."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
