@@ -25,11 +25,8 @@ class JobStatus(IntEnum):
 
 @dataclass
 class Usage:
-    """Samples and tokens spent.
-
-    ``reasoning_tokens`` are the completion tokens spent thinking, where the
-    upstream counts them (None: no sample's upstream did).
-    """
+    """Samples and tokens spent; ``reasoning_tokens`` are the completion tokens spent
+    thinking, where the upstream counts them (None: no sample's upstream did)."""
 
     samples: int = 0
     prompt_tokens: int = 0
@@ -47,13 +44,9 @@ class Usage:
 
 @dataclass(frozen=True)
 class Confidence:
-    """How sure the vote is.
-
-    Attributes:
-        asc: ASC's ``P[p1 < p2]`` (0: certain, 0.5: a coin flip).
-        ppr: PPR-1v1's uncertainty (posterior density ratio; <= delta settles).
-        share: the winner's share of the votes cast.
-    """
+    """How sure the vote is: ``asc``, ASC's ``P[p1 < p2]`` (0: certain, 0.5: a coin flip);
+    ``ppr``, PPR-1v1's uncertainty (at most ``delta`` settles); ``share``, the winner's share
+    of the votes cast."""
 
     asc: float
     ppr: float
@@ -62,39 +55,22 @@ class Confidence:
 
 @dataclass(frozen=True)
 class AnswerEvent:
-    """The final answer of one question.
+    """The final answer of one question, the ``index``-th of its job.
 
-    Attributes:
-        index: position of the question in the job.
-        id: the question's id.
-        answer: the winning answer as its first sample wrote it (``144.0``;
-            None: no sample had one); for display only.
-        key: its canonical voting key (``144``), a key of ``votes``: what the
-            service reports as ``answer`` (and this field as ``answer_text``).
-        votes: canonical key -> votes.
-        samples: samples spent on the question (abstentions included).
-        confidence: how sure the vote is.
-        settled_early: stopped by ``settle_delta`` before the budget ran out.
-        completion: one sampled completion whose answer is the winner (a
-            reasoning model's final answer: its thought is in ``thoughts``).
-        usage: tokens spent on this question.
-        partial: the job failed before this question got all it would have.
-        candidates: every voted key, the winner first, then by votes,
-            -> (its answer, one completion with it).
-        abstained: the last completion that had no answer (shown when none had one).
-        finish_reasons: every voted key -> the finish reason of its completion
-            in ``candidates``.
-        abstained_finish_reason: the finish reason of ``abstained`` (``length``:
-            cut at ``max_tokens``).
-        stopped: ``truncated`` when the question stopped because
-            ``TRUNCATED_LIMIT`` (3) of its samples since its last vote were cut
-            at ``max_tokens``; ``horizon`` when an online pool's wave planner
-            stopped it for want of room, not of worth (see
-            :meth:`~blendserve.core.programme.VotePrior.past_horizon`); None
-            otherwise.
-        thoughts: every voted key whose completion in ``candidates`` came
-            with a thought -> that thought (a reasoning model's).
-        abstained_thought: the thought of ``abstained``, if it had one.
+    ``key`` is the winner's canonical voting key (``144``), what the service reports
+    as ``answer``; ``answer`` is how its first sample wrote it (``144.0``, shown as
+    ``answer_text``; None: no sample had one). ``samples`` counts abstentions too;
+    ``settled_early``: stopped by ``settle_delta`` before the budget ran out;
+    ``partial``: the job failed before the question got all it would have.
+    ``completion`` is one completion whose answer won (a reasoning model's final
+    answer; its thought is :attr:`reasoning`). ``candidates`` maps every voted key,
+    the winner first, then by votes, to its answer and one completion with it;
+    ``finish_reasons`` and ``thoughts`` are those completions'. ``abstained`` is the
+    last completion with no answer (shown when none had one), with its finish reason
+    (``length``: cut at ``max_tokens``) and thought. ``stopped`` is ``truncated`` once
+    ``TRUNCATED_LIMIT`` samples since the last vote were cut at ``max_tokens``,
+    ``horizon`` when an online pool's wave planner stopped it for want of room, not of
+    worth (:meth:`~blendserve.core.programme.VotePrior.past_horizon`), else None.
     """
 
     index: int

@@ -29,20 +29,13 @@ def backoff_s(num_failures: int) -> float:
 class FailureStreak:
     """Engine failures with no success in between: the backoff, and when the job gives up.
 
-    The streak starts at its first failure. It ends the job after ``limit``
-    failures; when they are transient (``EngineUnavailable``: every upstream
-    down or its breaker open; ``EngineTimeout``) only once it also lasts
-    ``timeout`` seconds, and then it ends it at that moment even with requests
-    still in flight (:meth:`deadline`, :meth:`expired`): a hung upstream holds
-    a job for one request timeout plus ``timeout``, not ``limit`` request
-    timeouts. An upstream's refusal of the request itself
-    (:class:`~blendserve.errors.UpstreamRejected`) ends it at once, and so
-    does an engine whose own server died (:class:`~blendserve.errors.EngineDown`,
-    whose words say why and what to do).
-
-    Args:
-        limit: failures in a row that end the job.
-        timeout: seconds a streak of transient failures must also last.
+    ``limit`` failures in a row end the job; transient ones (``EngineUnavailable``:
+    every upstream down or its breaker open; ``EngineTimeout``) only once the streak
+    has also lasted ``timeout`` seconds, and then at that moment even with requests in
+    flight (:meth:`deadline`, :meth:`expired`): a hung upstream holds a job for one
+    request timeout plus ``timeout``, not ``limit`` of them. A refused request
+    (:class:`~blendserve.errors.UpstreamRejected`) or a dead engine server
+    (:class:`~blendserve.errors.EngineDown`) ends it at once.
     """
 
     def __init__(self, limit: int, timeout: float) -> None:

@@ -1,18 +1,12 @@
 """What a pool's waves are planned with, built off the event loop.
 
-A client's fitted prior (:class:`~blendserve.core.programme.VotePrior`)
-plans waves with a dynamic programme that takes a few hundred milliseconds
-to build, and tables per price that take tens; a new budget's start price
-is a bisection over such tables. Built on the event loop, they would stall
-every request of the service (any caller may name a client, or a budget).
-:class:`Builds` runs them in a worker thread instead, one at a time in the
-process, each once however many questions ask for it.
-
-:func:`ready_rule` gives a question's decision a rule that builds nothing.
-It never waits for a programme: until the client's own is built, the
-programme its prior had before its last refit decides, else that of a prior
-that has seen nothing (kept once built); it waits only for tables at a new
-price (tens of milliseconds) of a programme that is built.
+A client's fitted prior (:class:`~blendserve.core.programme.VotePrior`) plans waves
+with a dynamic programme and tables per price that are slow to build: on the event
+loop they would stall every request of the service. :class:`Builds` runs them in a
+worker thread, one at a time in the process, each once however many ask for it;
+:func:`ready_rule` never waits for a programme (the one the prior had before its last
+refit decides meanwhile, else that of a prior that has seen nothing), only for the
+tables of a built programme at a new price.
 """
 
 from __future__ import annotations
@@ -124,9 +118,8 @@ class Builds:
 async def ready_rule(rule: StoppingRule, log_price: float, rounds: int) -> StoppingRule:
     """``rule`` deciding at ``log_price`` after ``rounds`` waves without building anything.
 
-    The client's own programme decides where it is built (as ``rule`` would);
-    its missing programme is built in the background meanwhile, and its
-    missing tables at a new price are awaited (see the module).
+    The client's own programme decides where it is built (as ``rule`` would); a
+    missing one is built in the background, its missing tables at a new price awaited.
     """
     prior = rule.prior
     if not isinstance(prior, VotePrior):
@@ -138,7 +131,7 @@ async def ready_rule(rule: StoppingRule, log_price: float, rounds: int) -> Stopp
         if ready is not None:
             return replace(rule, prior=ready)
         own = prior.need(log_price, rounds_left)
-        if prior.programme_built:  # its tables at this price: tens of milliseconds
+        if prior.programme_built:  # its tables at this price: quick to build
             await builds.run(own, own.build)
             continue
         builds.later(own, own.build)

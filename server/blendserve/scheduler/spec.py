@@ -62,32 +62,20 @@ class Question:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything a job needs besides the engine.
+    """Everything a job needs besides the engine; ``budget`` is at least one sample a question.
 
-    Attributes:
-        questions: the batch.
-        budget: total samples, at least one per question.
-        policy: allocation policy (``hedge`` by default).
-        sampling: sampling parameters of every request.
-        model: upstream model name.
-        settle_delta: PPR-1v1 error at which a question stops (0: never).
-        concurrency: most samples in flight, waves included (None: at most
-            :data:`DEFAULT_CONCURRENCY` decided sample by sample, and waves as large as
-            the engine has room for).
-        in_flight_per_question: samples in flight per open question, at most
-            (the latency trade-off: more is fewer rounds, fewer is decisions
-            closer to the sequential policy's; see :class:`Job`).
-        max_samples_per_request: largest ``n`` of one engine request.
-        max_rounds: with a policy that plans waves and an engine with room,
-            the job goes in waves of at most this many rounds per question
-            (0: always sample by sample; see :class:`Job`).
-        seed: seeds the policy's tie-break.
-        request_timeout: seconds per engine request (None: the engine's default).
-        max_consecutive_failures: engine failures in a row that end the job.
-        failure_timeout: seconds a streak of transient engine failures (every
-            upstream down) must also last before it ends the job; this bounds
-            how long a job outlives its upstreams, not ``request_timeout``.
-        progress_interval: seconds between progress events, at least.
+    ``settle_delta`` is the PPR-1v1 error at which a question stops (0: never).
+    ``concurrency`` bounds the samples in flight, waves included (None: at most
+    :data:`DEFAULT_CONCURRENCY` decided sample by sample, and waves as large as the
+    engine has room for). ``in_flight_per_question`` is the latency trade-off: more is
+    fewer rounds, fewer is decisions closer to the sequential policy's (see
+    :class:`Job`). With a policy that plans waves and an engine with room, a question
+    goes in at most ``max_rounds`` waves (0: always sample by sample). ``seed`` seeds
+    the policy's tie-break; ``request_timeout`` is per engine request (None: the
+    engine's). ``max_consecutive_failures`` engine failures in a row end the job, and
+    a streak of transient ones (every upstream down) must also last
+    ``failure_timeout`` seconds: that, not ``request_timeout``, bounds how long a job
+    outlives its upstreams.
     """
 
     questions: Sequence[Question]

@@ -22,14 +22,9 @@ __all__ = ["WaveRun", "run_waves"]
 
 @dataclass
 class WaveRun:
-    """One batch run in waves.
-
-    Attributes:
-        num_wrong: questions whose voted answer is not the true mode.
-        spent: samples spent.
-        rounds: per question, the rounds it took part in (planned samples or not).
-        waves: rounds of the whole batch (its wall time in waves).
-    """
+    """One batch run in waves: ``num_wrong`` questions whose voted answer is not the true
+    mode, samples ``spent``, per question the ``rounds`` it took part in (planned samples
+    or not), and the batch's ``waves`` (its wall time in waves)."""
 
     num_wrong: int
     spent: int
