@@ -295,8 +295,6 @@ class Job:
         q = request.question
         self._end_late(q, request.late)
         self.policy.budget += request.late  # never came: their budget is free again
-        self.sink.in_flight(-left - request.late)
-        self.engine.sequences_in_flight -= left + request.late
         self._refund(q, left)
         # Cut samples are counted by request, as they were before samples came one by one:
         # a request's votes that end after its cut samples still count.
@@ -321,8 +319,6 @@ class Job:
             return None  # the job wound down, or the engine sent more than asked
         q = request.question
         self._stragglers.observe(asyncio.get_running_loop().time() - request.sent)
-        self.sink.in_flight(-1)
-        self.engine.sequences_in_flight -= 1
         if request.left:
             request.left -= 1
         else:
@@ -395,10 +391,6 @@ class Job:
         if not self.status.finished:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
-        # Accounted before awaiting: a second cancellation may cut the wait short.
-        sequences = sum(request.left + request.late for request in in_flight.values())
-        self.sink.in_flight(-sequences)
-        self.engine.sequences_in_flight -= sequences
         self._report.end(
             self.status.name.lower(),
             self.spec.budget,
@@ -565,8 +557,6 @@ class Job:
                 task = asyncio.ensure_future(self._stream(request))
                 task.add_done_callback(self._ended)
                 in_flight[task] = _Request(q, n, now)
-                self.sink.in_flight(n)
-                self.engine.sequences_in_flight += n
 
     async def _stream(self, request: GenerateRequest) -> None:
         """Hands the job each sample of ``request`` as it ends."""

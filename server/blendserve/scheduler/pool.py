@@ -462,8 +462,6 @@ class Pool:
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self._acquire(wave, priority)
-        self.sink.in_flight(wave)
-        self.engine.sequences_in_flight += wave
         left = wave
         try:
             sizes = [self.spec.max_samples_per_request] * (
@@ -480,8 +478,6 @@ class Pool:
             async with contextlib.aclosing(samples):
                 async for ended in samples:
                     left -= len(ended)
-                    self.sink.in_flight(-len(ended))
-                    self.engine.sequences_in_flight -= len(ended)
                     self._release(len(ended))
                     for sample in ended:
                         await self._record(state, sample)
@@ -489,8 +485,6 @@ class Pool:
                     if left and rule.is_done_whatever_comes(*votes, left, log_tau):
                         break
         finally:
-            self.sink.in_flight(-left)
-            self.engine.sequences_in_flight -= left
             self._release(left)
 
     async def _acquire(self, wave: int, priority: float) -> None:
