@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from blendserve.core.answers.thoughts import (
     DEFAULT_REASONING_TAGS,
@@ -215,9 +216,16 @@ class Engine(ABC):
     #: What a decode step costs by width, as far as known (the service sets it; see
     #: :mod:`blendserve.engines.engine_cost`); engines that can measure it feed it.
     cost: EngineCost | None = None
-    #: Sequences this process has asked of the engine and not yet received;
-    #: jobs and pools count theirs here, so that they see each other's load.
-    sequences_in_flight: int = 0
+    _sequences_in_flight = 0  # written by counted_stream alone
+
+    @property
+    def sequences_in_flight(self) -> int:
+        """Sequences this process has asked of the engine and not yet received.
+
+        Every job and pool asks through :meth:`counted_stream`, which keeps this
+        count, so that each sees the others' load.
+        """
+        return self._sequences_in_flight
 
     def load(self) -> EngineLoad:
         """How full the engine is now; by default, what this process has sent it."""
@@ -249,6 +257,28 @@ class Engine(ABC):
         """
         for sample in await self.generate(request):
             yield sample
+
+    @final
+    async def counted_stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
+        """:meth:`stream`, its samples counted in :attr:`sequences_in_flight` while out.
+
+        The request's ``n`` count once it starts, each one less as it is handed
+        over, and those never handed over (the stream closed early, failed, or
+        gave fewer) none once it ends, however it ends. Not overridden: an
+        engine's own :meth:`stream` says how samples come, this what is out.
+        """
+        left = request.n
+        self._sequences_in_flight += left
+        try:
+            stream = self.stream(request)
+            async with contextlib.aclosing(stream):
+                async for sample in stream:
+                    if left:  # an engine that sends more than asked counts none below 0
+                        left -= 1
+                        self._sequences_in_flight -= 1
+                    yield sample
+        finally:
+            self._sequences_in_flight -= left
 
     @abstractmethod
     async def health(self) -> EngineHealth:

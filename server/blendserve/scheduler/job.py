@@ -17,9 +17,10 @@ close to its sequential ones:
   takes up to ``concurrency``, as many as it can take before it could stop
   (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`);
 - with no known engine capacity, a sample out far longer than the job's
-  others (:mod:`blendserve.core.stragglers`) is refunded to the policy and
-  left running: it holds no slot and is no virtual vote, keeps its budget,
-  and still votes if it comes while its question is open.
+  others (:mod:`blendserve.core.stragglers`) is held by the policy
+  (:meth:`~blendserve.core.policies.AllocationPolicy.hold`) and left running:
+  it holds no slot and is no virtual vote, keeps its budget, and still votes
+  if it comes while its question is open.
 
 Filling every free slot at once instead would decide most samples blind and
 spend the budget about as uniform allocation does; what these rules keep of
@@ -99,7 +100,7 @@ __all__ = ["Job"]
 @dataclass(eq=False)
 class _Request:
     """An engine request in flight: its question, and the samples it has yet to deliver
-    (``left``, the policy's pending samples; ``late``, stragglers refunded to it)."""
+    (``left``, the policy's pending samples; ``late``, stragglers the policy holds)."""
 
     question: int
     left: int
@@ -196,10 +197,9 @@ class Job:
         self._rounds = [0] * self._num_questions  # waves each question was sent
         self._num_cut = 0  # samples in flight cancelled because their question settled
         # How long this job's samples take; with no known capacity, one out far longer
-        # than its peers is refunded but left running (see _write_off_stragglers).
+        # than its peers is held by the policy and left running (see _write_off_stragglers).
         self._stragglers = stragglers if stragglers is not None else Stragglers()
         self._straggler_at: float | None = None  # when the next one would, if it is still out
-        self._num_late = 0  # stragglers refunded and still running, their budget held
         self._num_wasted = 0  # stragglers that came when their question could take none
         self._late_of: dict[int, int] = {}  # ... by question
         self._skipped: dict[int, int] = {}  # sample indices of a question's stragglers
@@ -294,9 +294,7 @@ class Job:
         left = request.left
         q = request.question
         self._end_late(q, request.late)
-        self.policy.budget += request.late  # never came: their budget is free again
-        self.sink.in_flight(-left - request.late)
-        self.engine.sequences_in_flight -= left + request.late
+        self.policy.release(request.late)  # never came: their budget is free again
         self._refund(q, left)
         # Cut samples are counted by request, as they were before samples came one by one:
         # a request's votes that end after its cut samples still count.
@@ -321,18 +319,15 @@ class Job:
             return None  # the job wound down, or the engine sent more than asked
         q = request.question
         self._stragglers.observe(asyncio.get_running_loop().time() - request.sent)
-        self.sink.in_flight(-1)
-        self.engine.sequences_in_flight -= 1
         if request.left:
             request.left -= 1
         else:
             # A straggler that came after all: it votes with the budget it held if its
-            # question may still take a sample, else it is spent for nothing.
+            # question may still take a sample (an answered one is stopped and takes
+            # none), else it is spent for nothing.
             request.late -= 1
             self._end_late(q, 1)
-            self.policy.budget += 1
-            if self._answered[q] or not self.policy.assign(q, 1):
-                self.policy.budget -= 1
+            if not self.policy.take_held(q):
                 self._num_wasted += 1
                 return None
         await self._record(q, sample)
@@ -395,10 +390,6 @@ class Job:
         if not self.status.finished:
             self.status = JobStatus.CANCELLED
         in_flight = self._in_flight
-        # Accounted before awaiting: a second cancellation may cut the wait short.
-        sequences = sum(request.left + request.late for request in in_flight.values())
-        self.sink.in_flight(-sequences)
-        self.engine.sequences_in_flight -= sequences
         self._report.end(
             self.status.name.lower(),
             self.spec.budget,
@@ -427,8 +418,8 @@ class Job:
         if load.capacity is None:
             self._write_off_stragglers()
         limit = self._in_flight_limit()
-        if self._num_late:  # stragglers are out of the policy's count, not the engine's
-            limit = min(limit, self._concurrency - self._num_late)
+        if policy.num_held:  # stragglers are out of the policy's pending, not the engine's
+            limit = min(limit, self._concurrency - policy.num_held)
         if self._plan is not None:
             free = load.free
             if self.spec.concurrency is not None:
@@ -465,7 +456,7 @@ class Job:
         self._send(sizes, in_flight)
 
     def _write_off_stragglers(self) -> None:
-        """Refunds the samples in flight that are stragglers, and leaves them running.
+        """Has the policy hold the samples in flight that are stragglers, and leaves them running.
 
         With no known capacity the engine may have room the job cannot see: a
         sample out far longer than its peers (:mod:`blendserve.core.stragglers`)
@@ -489,13 +480,11 @@ class Job:
                 next_at = min(next_at, request.sent + after)
                 continue
             q, n = request.question, request.left
-            # Refunded to the policy, its budget held: it may still come and vote.
-            self._refund(q, n)
-            self.policy.budget -= n
+            # Held by the policy, its budget with it: it may still come and vote.
+            self.policy.hold(q, n)
             # Its sample indices stay taken: a seeded upstream would repeat the straggler.
             self._skipped[q] = self._skipped.get(q, 0) + n
             request.left, request.late = 0, request.late + n
-            self._num_late += n
             self._late_of[q] = self._late_of.get(q, 0) + n
         if next_at < math.inf:
             self._straggler_at = next_at
@@ -503,7 +492,6 @@ class Job:
     def _end_late(self, q: int, n: int) -> None:
         """Counts ``n`` stragglers of ``q`` as no longer running."""
         if n:
-            self._num_late -= n
             left = self._late_of[q] - n
             if left:
                 self._late_of[q] = left
@@ -565,8 +553,6 @@ class Job:
                 task = asyncio.ensure_future(self._stream(request))
                 task.add_done_callback(self._ended)
                 in_flight[task] = _Request(q, n, now)
-                self.sink.in_flight(n)
-                self.engine.sequences_in_flight += n
 
     async def _stream(self, request: GenerateRequest) -> None:
         """Hands the job each sample of ``request`` as it ends."""

@@ -381,8 +381,6 @@ class Pool:
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self.slots.acquire(wave, priority)
-        self.sink.in_flight(wave)
-        self.engine.sequences_in_flight += wave
         left = wave
         try:
             sizes = [self.spec.max_samples_per_request] * (
@@ -399,8 +397,6 @@ class Pool:
             async with contextlib.aclosing(samples):
                 async for ended in samples:
                     left -= len(ended)
-                    self.sink.in_flight(-len(ended))
-                    self.engine.sequences_in_flight -= len(ended)
                     self.slots.release(len(ended))
                     for sample in ended:
                         await self._record(state, sample)
@@ -408,8 +404,6 @@ class Pool:
                     if left and rule.is_done_whatever_comes(*votes, left, log_price):
                         break
         finally:
-            self.sink.in_flight(-left)
-            self.engine.sequences_in_flight -= left
             self.slots.release(left)
 
     async def _record(self, state: _Open, sample: Sample) -> None:

@@ -21,15 +21,29 @@ async def deliver(
 ) -> None:
     """Hands each sample of ``request`` to ``put`` as it ends; cancelled, the rest stop.
 
-    Each sample's tokens are reported to ``sink`` here, as the engine hands it over,
-    whether or not it comes to vote: the engine made it (its question may have
-    settled, or its job ended, while it was on its way).
+    The one ledger of samples in flight: the request's ``n`` are reported to
+    ``sink`` as in flight when it starts, each one less as it is handed over,
+    and the rest when it ends, however it ends (the engine counts its own the
+    same way, :meth:`Engine.counted_stream
+    <blendserve.engines.base.Engine.counted_stream>`). A sample a job no longer
+    waits for (a straggler refunded to its policy) is in flight until it comes
+    or its request ends. Each sample's tokens are reported to ``sink`` as the
+    engine hands it over, whether or not it comes to vote: the engine made it
+    (its question may have settled, or its job ended, while it was on its way).
     """
-    stream = engine.stream(request)
-    async with contextlib.aclosing(stream):
-        async for sample in stream:
-            sink.tokens(sample.prompt_tokens, sample.completion_tokens)
-            put(sample)
+    left = request.n
+    sink.in_flight(left)
+    try:
+        stream = engine.counted_stream(request)
+        async with contextlib.aclosing(stream):
+            async for sample in stream:
+                sink.tokens(sample.prompt_tokens, sample.completion_tokens)
+                if left:  # an engine that sends more than asked counts none below 0
+                    left -= 1
+                    sink.in_flight(-1)
+                put(sample)
+    finally:
+        sink.in_flight(-left)
 
 
 async def drain(queue: asyncio.Queue[T]) -> list[T]:
@@ -49,7 +63,8 @@ async def merged(
     least one): a caller that stops after an item has used all it paid for.
     The first request to fail raises here once the samples that ended before
     it were handed over; closing the generator early cancels every request
-    still running. Tokens are reported to ``sink`` as :func:`deliver` does.
+    still running. Samples in flight and tokens are reported to ``sink`` as
+    :func:`deliver` does.
     """
     arrivals: asyncio.Queue[Sample | BaseException | None] = asyncio.Queue()
 

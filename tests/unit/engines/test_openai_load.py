@@ -28,6 +28,8 @@ A = "http://a.test:8000/v1"
 B = "http://b.test/vllm/v1"  # a server behind a path prefix: its metrics at /vllm/metrics
 CHAT = [{"role": "user", "content": "2+2?"}]
 HOUR = 3600.0  # a poller that reads once the test's own reading is this old: never
+# The tests set an engine's own sequences in flight (``_sequences_in_flight``) where a
+# job's requests would move them (Engine.counted_stream, their only writer).
 
 # What vLLM V1 serves, shortened: help and type lines, one label set per engine
 # core, and other metrics whose names start alike.
@@ -179,18 +181,18 @@ def test_own_sequences_sent_since_the_reading_are_added_those_ended_taken_off() 
         async with engine(upstreams, [A], capacity=8, load_interval=HOUR) as e:
             await e.refresh_load()
             assert e.load() == EngineLoad(8, running=2, waiting=1)
-            e.sequences_in_flight += 4  # a job's burst, not yet in vLLM's gauges
+            e._sequences_in_flight += 4  # a job's burst, not yet in vLLM's gauges
             assert e.load() == EngineLoad(8, running=6, waiting=1)
             assert e.load().free == 1
             upstreams.metrics["a.test"] = vllm_metrics((6, 0), 1)  # vLLM runs them now
             await e.refresh_load()  # taken with the 4 in flight: not added again
             assert e.load() == EngineLoad(8, running=6, waiting=1)
-            e.sequences_in_flight += 6  # 10 of this process's own: more than vLLM shows
+            e._sequences_in_flight += 6  # 10 of this process's own: more than vLLM shows
             await e.refresh_load()
             assert e.load() == EngineLoad(8, running=9, waiting=1)
-            e.sequences_in_flight -= 7  # they ended: taken off the reading at once
+            e._sequences_in_flight -= 7  # they ended: taken off the reading at once
             assert e.load() == EngineLoad(8, running=2, waiting=1)  # 3 own, less 1 waiting
-            e.sequences_in_flight -= 3  # never below nothing running
+            e._sequences_in_flight -= 3  # never below nothing running
             assert e.load() == EngineLoad(8, running=0, waiting=1)
 
     run_coroutine(go())
@@ -229,7 +231,7 @@ def test_a_replica_without_metrics_counts_own_in_flight_and_is_left_alone(
                 asyncio.ensure_future(e.generate(GenerateRequest(messages=CHAT, n=3)))
                 for _ in range(2)
             ]
-            e.sequences_in_flight += 6  # as the job that sent them counts them
+            e._sequences_in_flight += 6  # as a job's counted streams count them
             await asyncio.wait_for(both.wait(), 10.0)  # the calls reached the upstreams
             assert sorted(arrived) == ["a.test", "b.test"]
             e.capacity = 16
@@ -296,7 +298,7 @@ def test_no_replica_with_metrics_is_the_base_behaviour() -> None:
     async def go() -> None:
         upstreams = FakeUpstreams({})
         async with engine(upstreams, [A, B], capacity=4, load_interval=HOUR) as e:
-            e.sequences_in_flight = 7
+            e._sequences_in_flight = 7
             await e.refresh_load()
             assert e.load() == EngineLoad(8, running=7)
 
@@ -328,7 +330,7 @@ def test_no_polling_at_all_without_capacity() -> None:
         upstreams = FakeUpstreams({"a.test": vllm_metrics((3, 0), 0)})
         before = asyncio.all_tasks()
         e = engine(upstreams, [A], capacity=None)
-        e.sequences_in_flight = 2
+        e._sequences_in_flight = 2
         assert e.load() == EngineLoad(None, running=2)
         await e.generate(GenerateRequest(messages=CHAT, n=2))
         assert e.load() == EngineLoad(None, running=2)
@@ -342,7 +344,7 @@ def test_no_polling_at_all_without_capacity() -> None:
 def test_load_outside_an_event_loop_starts_nothing() -> None:
     upstreams = FakeUpstreams({})
     e = engine(upstreams, [A], capacity=4)
-    e.sequences_in_flight = 3
+    e._sequences_in_flight = 3
     assert e.load() == EngineLoad(4, running=3)
     run_coroutine(e.aclose())
     assert upstreams.metrics_requests == []

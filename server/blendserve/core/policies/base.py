@@ -32,6 +32,10 @@ class AllocationPolicy(ABC):
     sample in flight is not selected again until it completes (or, with
     ``max_in_flight > 1``, while it has that many in flight).
 
+    A scheduler that stops waiting for a sample still running (a straggler)
+    :meth:`hold` s it: it is no longer pending, but keeps its budget until it
+    comes (:meth:`take_held`) or never will (:meth:`release`).
+
     Every question first gets one sample, in index order, before any question
     gets a second. A question is ranked by :meth:`rank_state`, which, when a
     question may have several samples in flight (``max_in_flight > 1``),
@@ -90,6 +94,7 @@ class AllocationPolicy(ABC):
         self._num_questions = num_questions
         self.budget = budget
         self.num_dispatched = 0
+        self.num_held = 0  # samples held (see hold), out of the budget until they end
         self.settle_log_delta = math.log(settle_delta) if settle_delta > 0 else -math.inf
         self._settles = settle_delta > 0
         self.rng = random.Random(seed)
@@ -254,6 +259,45 @@ class AllocationPolicy(ABC):
             self._on_rank_change(q)
         if self.num_pending_of[q] < self.max_in_flight:
             self._clear(q, _PENDING)
+
+    def hold(self, q: int, n: int) -> None:
+        """``n`` pending samples of ``q`` stop being pending but keep their budget (stragglers).
+
+        They no longer hold a slot or count as virtual votes, and ``q`` may take
+        other samples meanwhile (they are out of ``num_dispatched`` and their
+        budget out of ``budget``, so ``num_remaining`` is unchanged) until each
+        comes (:meth:`take_held`) or is known never to (:meth:`release`).
+        """
+        if not 0 <= n <= self.num_pending_of[q]:
+            raise ValueError(f"cannot hold {n} of the {self.num_pending_of[q]} samples pending")
+        for _ in range(n):
+            self.cancel(q)
+        self.budget -= n
+        self.num_held += n
+
+    def take_held(self, q: int) -> bool:
+        """A held sample of ``q`` came: dispatched to ``q`` on the budget it held, to be observed.
+
+        Returns:
+            False where ``q`` is finished (settled or stopped) and takes no more
+            samples: this one was spent for nothing, and its budget stays spent.
+        """
+        self._unhold(1)
+        self.budget += 1
+        if self.assign(q, 1):
+            return True
+        self.budget -= 1
+        return False
+
+    def release(self, n: int) -> None:
+        """``n`` held samples will never come (cancelled or failed): their budget is free again."""
+        self._unhold(n)
+        self.budget += n
+
+    def _unhold(self, n: int) -> None:
+        if not 0 <= n <= self.num_held:
+            raise ValueError(f"cannot end {n} held samples of {self.num_held}")
+        self.num_held -= n
 
     def stop(self, q: int) -> None:
         """Gives ``q`` no more samples (its caller went away); those in flight still count."""
