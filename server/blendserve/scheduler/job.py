@@ -200,9 +200,8 @@ class Job:
         # than its peers is held by the policy and left running (see _write_off_stragglers).
         self._stragglers = stragglers if stragglers is not None else Stragglers()
         self._straggler_at: float | None = None  # when the next one would, if it is still out
-        self._num_wasted = 0  # stragglers that came when their question could take none
-        self._late_of: dict[int, int] = {}  # ... by question
-        self._skipped: dict[int, int] = {}  # sample indices of a question's stragglers
+        self._late_of: dict[int, int] = {}  # stragglers held, by question
+        self._skipped: dict[int, int] = {}  # sample indices of stragglers that never came
 
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests.
@@ -293,8 +292,10 @@ class Job:
             return None
         left = request.left
         q = request.question
-        self._end_late(q, request.late)
-        self.policy.release(request.late)  # never came: their budget is free again
+        if request.late:  # never came: refunded, their sample indices still taken
+            self._end_late(q, request.late)
+            self.policy.release(q, request.late)
+            self._skipped[q] = self._skipped.get(q, 0) + request.late
         self._refund(q, left)
         # Cut samples are counted by request, as they were before samples came one by one:
         # a request's votes that end after its cut samples still count.
@@ -322,13 +323,12 @@ class Job:
         if request.left:
             request.left -= 1
         else:
-            # A straggler that came after all: it votes with the budget it held if its
-            # question may still take a sample (an answered one is stopped and takes
-            # none), else it is spent for nothing.
+            # A straggler that came after all: it votes if its question may still take a
+            # sample (an answered one is stopped and takes none), else it was spent for
+            # nothing.
             request.late -= 1
             self._end_late(q, 1)
             if not self.policy.take_held(q):
-                self._num_wasted += 1
                 return None
         await self._record(q, sample)
         return q
@@ -361,8 +361,8 @@ class Job:
             self.policy.cancel(q)
 
     def _spent(self) -> int:
-        """Samples spent: the policy's, and stragglers that came too late to vote."""
-        return self.policy.num_dispatched + self._num_wasted
+        """Samples spent: the policy's, stragglers still out and those that came too late."""
+        return self.policy.num_dispatched
 
     def _done(self, started: float, error: str | None, cause: BaseException | None) -> DoneEvent:
         """Sets the final status and returns the summary."""
@@ -480,10 +480,8 @@ class Job:
                 next_at = min(next_at, request.sent + after)
                 continue
             q, n = request.question, request.left
-            # Held by the policy, its budget with it: it may still come and vote.
+            # Held by the policy, still its question's: it may come and vote.
             self.policy.hold(q, n)
-            # Its sample indices stay taken: a seeded upstream would repeat the straggler.
-            self._skipped[q] = self._skipped.get(q, 0) + n
             request.left, request.late = 0, request.late + n
             self._late_of[q] = self._late_of.get(q, 0) + n
         if next_at < math.inf:
@@ -634,7 +632,7 @@ class Job:
         policy = self.policy
         return ProgressEvent(
             spent=self._spent(),
-            completed=self._spent() - policy.num_pending,
+            completed=self._spent() - policy.num_pending - policy.num_held,
             budget=self.spec.budget,
             answered=self._num_answered,
             settled=sum(map(policy.is_settled, range(self._num_questions))),

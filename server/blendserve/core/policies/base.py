@@ -94,7 +94,7 @@ class AllocationPolicy(ABC):
         self._num_questions = num_questions
         self.budget = budget
         self.num_dispatched = 0
-        self.num_held = 0  # samples held (see hold), out of the budget until they end
+        self.num_held = 0  # samples held (see hold): charged, neither pending nor observed
         self.settle_log_delta = math.log(settle_delta) if settle_delta > 0 else -math.inf
         self._settles = settle_delta > 0
         self.rng = random.Random(seed)
@@ -261,38 +261,44 @@ class AllocationPolicy(ABC):
             self._clear(q, _PENDING)
 
     def hold(self, q: int, n: int) -> None:
-        """``n`` pending samples of ``q`` stop being pending but keep their budget (stragglers).
+        """``n`` pending samples of ``q`` stop being pending, still charged to it (stragglers).
 
         They no longer hold a slot or count as virtual votes, and ``q`` may take
-        other samples meanwhile (they are out of ``num_dispatched`` and their
-        budget out of ``budget``, so ``num_remaining`` is unchanged) until each
-        comes (:meth:`take_held`) or is known never to (:meth:`release`).
+        other samples meanwhile; they stay among its samples assigned (``q`` is
+        sampled, and their budget is spent) until each comes (:meth:`take_held`)
+        or is known never to (:meth:`release`).
         """
         if not 0 <= n <= self.num_pending_of[q]:
             raise ValueError(f"cannot hold {n} of the {self.num_pending_of[q]} samples pending")
-        for _ in range(n):
-            self.cancel(q)
-        self.budget -= n
+        self._num_pending -= n
+        self.num_pending_of[q] -= n
         self.num_held += n
+        self._on_rank_change(q)
+        if self.num_pending_of[q] < self.max_in_flight:
+            self._clear(q, _PENDING)
 
     def take_held(self, q: int) -> bool:
-        """A held sample of ``q`` came: dispatched to ``q`` on the budget it held, to be observed.
+        """A held sample of ``q`` came: pending again, to be observed.
 
         Returns:
             False where ``q`` is finished (settled or stopped) and takes no more
-            samples: this one was spent for nothing, and its budget stays spent.
+            samples: this one was spent for nothing.
         """
         self._unhold(1)
-        self.budget += 1
-        if self.assign(q, 1):
-            return True
-        self.budget -= 1
-        return False
+        if self._flags[q] & _FINISHED:
+            return False
+        self._num_pending += 1
+        self.num_pending_of[q] += 1
+        return True
 
-    def release(self, n: int) -> None:
-        """``n`` held samples will never come (cancelled or failed): their budget is free again."""
+    def release(self, q: int, n: int) -> None:
+        """``n`` held samples of ``q`` will never come (cancelled or failed): refunded."""
         self._unhold(n)
-        self.budget += n
+        self.num_dispatched -= n
+        self.num_assigned[q] -= n
+        if n and self.num_assigned[q] == 0:
+            self._unsampled.appendleft(q)
+        self._on_rank_change(q)
 
     def _unhold(self, n: int) -> None:
         if not 0 <= n <= self.num_held:
