@@ -1,73 +1,30 @@
-"""One Blend-ASC job: questions and a budget in, one voted answer per question out.
+"""One budgeted job: questions and a budget in, one voted answer per question out.
 
-The job feeds every completion to the same policy object the simulator uses
-and emits each question's answer as soon as it is final. Samples in flight
-are decided blind to their results, so the job keeps the policy's choices
-close to its sequential ones:
+The job drives the same policy object the simulator uses (docs/decisions.md)
+and emits each question's answer as soon as it is final. On an engine it has
+mostly to itself it sends the policy's waves; once others hold half the
+engine, or where waves cannot go, it decides sample by sample, keeping the
+policy's choices close to its sequential ones (virtual votes, at most
+``in_flight_per_question`` samples per open question in flight: the rules
+are in docs/solve.md). A question's next wave is planned once its own last
+one is all back. Fewer, larger waves (:meth:`WavePlan.widened
+<blendserve.core.waves.WavePlan.widened>`) go where the engine has room for
+half the budget and hands each sample over as it ends
+(:attr:`Engine.delivers_each <blendserve.engines.base.Engine.delivers_each>`).
 
-- every question gets its first sample before any gets a second;
-- free slots are filled one decision at a time, and a pending sample counts
-  in the ranking as a vote for its question's leader (virtual votes): a
-  question takes another sample in flight only if it still ranks first;
-  one chosen k times in a row goes out as one request with ``n = k``;
-- at most ``in_flight_per_question`` samples per open question are in
-  flight (0.25: about four rounds per sample per question), and never more
-  than ``concurrency`` (two at least, so that one slow sample does not
-  hold up a small job); a lone open question has nothing left to rank and
-  takes up to ``concurrency``, as many as it can take before it could stop
-  (:meth:`~blendserve.core.policies.AllocationPolicy.lone_runway`);
-- with no known engine capacity, a sample out far longer than the job's
-  others (:mod:`blendserve.core.stragglers`) is held by the policy
-  (:meth:`~blendserve.core.policies.AllocationPolicy.hold`) and left running:
-  it holds no slot and is no virtual vote, keeps its budget, and still votes
-  if it comes while its question is open.
-
-Filling every free slot at once instead would decide most samples blind and
-spend the budget about as uniform allocation does; what these rules keep of
-the sequential sample efficiency is in docs/benchmarks.md.
-
-A question whose samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT``
-of them since its last vote) stops at once: its requests in flight are
-cancelled and refunded, and it is answered with the votes it has and
-``stopped="truncated"``. A question that settles with samples still in flight
-has them cancelled and refunded too (``DoneEvent.cut``): they could not
-unsettle it, and the engine's time and their tokens go to the questions
-still open. Samples are voted as each ends (:meth:`Engine.stream
-<blendserve.engines.base.Engine.stream>`), so on an engine that hands them
-over one by one a settled question's stragglers are cut while they run. In
-waves, a question's next wave is planned once its own last one is all back
-(a plan on the part that came first, the shortest samples, would stop it on
-too few votes), not once every question's is: no question waits for
-another's stragglers.
-
-Waves are for an engine this job has mostly to itself, where a round's wait
-is steps the engine idles through. Once others (other jobs, ``/v1`` questions,
-other clients of the upstream) hold at least half of the engine's capacity,
-the job decides sample by sample instead, up to its in-flight limit or the
-free slots, whichever is more (within ``concurrency``): rounds there cost the
-engine nothing, while a sample decided blind costs a slot another question
-could use (docs/benchmarks.md, "Under load"). Where the engine's free slots
-hold half the job's budget when it starts, a round costs a straggler's whole
-length at a width that is nearly free, and the job plans fewer, larger waves
-(:meth:`WavePlan.widened <blendserve.core.waves.WavePlan.widened>`): the job
-ends sooner for a little more error at the same budget. That holds where the
-engine hands each sample over as it ends (:attr:`Engine.delivers_each
-<blendserve.engines.base.Engine.delivers_each>`), and only there does the job
-widen: a question's next wave is planned on the votes so far, which there
-include the first samples of the other questions' waves still running; where a
-request's samples come together they include none of them, and larger waves
-planned on fewer votes cost more error (docs/benchmarks.md, "A round
-fewer where the engine has room").
+Samples vote as each ends. A question that settles, or whose samples keep
+being cut at ``max_tokens`` (``stopped="truncated"``), has its samples in
+flight cancelled and refunded (``DoneEvent.cut``). With no known engine
+capacity, a sample out far longer than the job's others
+(:mod:`blendserve.core.stragglers`) is held by the policy and left running.
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
 answers it has marked partial, after ``max_consecutive_failures`` failures
 with no success in between, once that streak also spans ``failure_timeout``
-seconds when the failures are transient (``EngineUnavailable``: every
-upstream down or its circuit breaker open, ``EngineTimeout``), and then at
-that moment, with requests still in flight (a hung upstream holds a job for
-one request timeout plus ``failure_timeout``). An upstream's refusal of the
-request itself ends it at once; other errors (a bug) after the streak.
+seconds when the failures are transient (``EngineUnavailable``,
+``EngineTimeout``), and then at once, with requests still in flight. An
+upstream's refusal of the request itself ends it at once.
 """
 
 from __future__ import annotations
