@@ -39,16 +39,24 @@ profile (``qwen2.5-7b-h100``: the H100 fit shipped with the package), each
 sample handed to the job as it ends: seconds are modelled seconds, and over
 HTTP ``--wave-seconds`` is the real seconds of a modelled one.
 
+**Whole requests** (``--whole-requests``, with ``--profile``): the idle search
+as above, then its budget on the same continuous batch handing a request's
+samples over together once its last ends (an upstream asked for ``n`` without
+streaming; the engine's ``delivers_each`` is then False, so that a job plans
+no wider waves): what the default errs, spends and waits for there, against
+SC@32.
+
 Usage: python bench/bench_latency.py [DATA_DIR] [--capacity 256 1024] [--sizes 64]
     [--reps 3] [--synthetic llm,flat,many,ties,mixed,d1,d2] [--jobs 4] [--load]
     [--copies 1] [--per-token 0] [--http] [--wave-seconds 0.5] [--profile NAME] [--lengths cot]
-    [--bar seeds|expected]
+    [--bar seeds|expected] [--whole-requests]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import Counter
@@ -94,7 +102,8 @@ class Run:
 
 class _WaveEngine(StreamEngine):
     """The answer streams under the wave latency model, keeping when each question's requests
-    started: requests of one wave (a wave split at ``max_samples_per_request``) start together."""
+    started: requests of one wave (a wave split at ``max_samples_per_request``) start together.
+    ``whole``: a request's samples are handed over together, once its last ends."""
 
     def __init__(
         self,
@@ -105,6 +114,7 @@ class _WaveEngine(StreamEngine):
         wave: float = 1.0,
         profile: str | None = None,
         lengths: str = "cot",
+        whole: bool = False,
     ) -> None:
         # ``wave``: real seconds a modelled one (a wave, or under a profile a second).
         if profile is None:
@@ -119,13 +129,22 @@ class _WaveEngine(StreamEngine):
                 time_scale=wave,
             )
         super().__init__(records, seed, latency)
+        self.whole = whole
+        self.delivers_each = self.delivers_each and not whole
         self.starts: dict[str, set[float]] = {}
 
     async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
         now = asyncio.get_running_loop().time()
         self.starts.setdefault(question_key(request), set()).add(now)
-        async for sample in super().replay_stream(request, kind):
-            yield sample
+        samples = super().replay_stream(request, kind)
+        async with contextlib.aclosing(samples):
+            if self.whole:
+                ended = [sample async for sample in samples]
+                for sample in ended:
+                    yield sample
+            else:
+                async for sample in samples:
+                    yield sample
 
 
 async def _job(
@@ -194,17 +213,20 @@ def measure(
     per_token: float = 0.0,
     profile: str | None = None,
     lengths: str = "cot",
+    whole: bool = False,
     **spec: Any,
 ) -> Run:
     """Every job alone on a fresh engine (``together``: all at once on one), ``reps`` seeds;
-    ``b`` None: SC@32."""
+    ``b`` None: SC@32; ``whole``: the engine hands a request's samples over together."""
     wrong = spent = tokens = saved = 0.0
     seconds: list[float] = []
     rounds: list[int] = []
     groups = [[r for job in jobs for r in job]] if together else jobs
     for seed in range(reps):
         for group in groups:
-            engine = _WaveEngine(group, seed, capacity, per_token, profile=profile, lengths=lengths)
+            engine = _WaveEngine(
+                group, seed, capacity, per_token, profile=profile, lengths=lengths, whole=whole
+            )
             chunks = jobs if together else [group]
             results, elapsed = run_virtual(_run(group, chunks, engine, b, seed, spec))
             wrong += sum(r[0] for r in results)
@@ -335,6 +357,26 @@ def idle_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         )
 
 
+def whole_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
+    """One row per capacity: the idle search's budget (each sample handed over as it ends),
+    then the default at that budget where a request's samples come together."""
+    jobs = [records[i : i + size] for i in range(0, len(records) - size + 1, size)]
+    jobs = jobs[: args.jobs]
+    model = {"profile": args.profile, "lengths": args.lengths}
+    for capacity in args.capacity:
+        sc = measure(jobs, capacity, args.reps, None, **model)
+        b, each = least(jobs, capacity, args.reps, sc.error, **model)
+        whole = measure(jobs, capacity, args.reps, b or TARGET, whole=True, **model)
+        print(
+            f"| {name} | {size} | {capacity} | {sc.tokens:.0f}, {sc.error:.4f}, {sc.seconds:.1f} "
+            f"| {b or TARGET} | {_cell(b, each)}, {each.seconds:.1f}, "
+            f"{each.rounds[0]:.0f}/{each.rounds[1]:.0f} "
+            f"| {whole.samples:.1f}, {whole.tokens:.0f}, {whole.error:.4f}, {whole.seconds:.1f}, "
+            f"{whole.rounds[0]:.0f}/{whole.rounds[1]:.0f} |",
+            flush=True,
+        )
+
+
 def expected_sc_error(records: list[Record], draws: int = 200) -> float:
     """SC@32's expected error on ``records``: each question's 32 answers drawn ``draws``
     times over, from seeds apart from those the runs use."""
@@ -421,6 +463,12 @@ TABLES = {
         "seconds | tokens saved/q | throughput vs SC@32 |",
         load_rows,
     ),
+    "whole": (
+        "| set | Q | C | SC@32: tokens/q, error, seconds | budget/q | each sample as it ends: "
+        "samples/q, tokens/q, error, seconds, rounds p50/p95 | whole requests at that budget: "
+        "samples/q, tokens/q, error, seconds, rounds p50/p95 |",
+        whole_rows,
+    ),
     "http-load": (
         "| set | Q | C | SC@32: error, tokens/q, seconds | budget/q | default: samples/q, "
         "tokens/q, error, seconds | throughput vs SC@32 |",
@@ -435,7 +483,8 @@ TABLES = {
 
 
 def main() -> None:
-    """Prints the idle table (or with ``--load`` the load table, with ``--http`` the HTTP one)."""
+    """Prints the idle table (or with ``--load`` the load table, with ``--http`` the HTTP one,
+    with ``--whole-requests`` the whole requests one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, nargs="?", help="folder of recorded sets (*.jsonl)")
     parser.add_argument("--capacity", type=int, nargs="+", default=[256, 1024])
@@ -458,11 +507,19 @@ def main() -> None:
     parser.add_argument(
         "--wave-seconds", type=float, default=0.5, help="HTTP: real seconds a modelled one"
     )
+    parser.add_argument(
+        "--whole-requests", action="store_true",
+        help="with --profile: the idle search's budget where a request's samples come together",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.whole_requests and not args.profile:
+        parser.error("--whole-requests needs --profile (the wave model's come together anyway)")
     families = [f for f in args.synthetic.split(",") if f]
     table = "load" if args.load else "idle"
     if args.http:
         table = "http-load" if args.load else "http"
+    elif args.whole_requests:
+        table = "whole"
     header, rows = TABLES[table]
     if args.profile:
         header = header.replace("waves", "seconds")

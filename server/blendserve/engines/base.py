@@ -216,6 +216,10 @@ class Engine(ABC):
     #: What a decode step costs by width, as far as known (the service sets it; see
     #: :mod:`blendserve.engines.engine_cost`); engines that can measure it feed it.
     cost: EngineCost | None = None
+    #: Whether :meth:`stream` hands each sample over as it ends (False: a request's
+    #: samples come together, once its last ends). Jobs plan fewer, larger waves only
+    #: where it does (see :mod:`blendserve.scheduler.job`).
+    delivers_each: bool = False
     _sequences_in_flight = 0  # written by counted_stream alone
 
     @property

@@ -278,6 +278,8 @@ class ReplayEngine(Engine):
             )
         )
         self.answer_kind = answer_kind
+        # Continuous batching ends each sample at its own time; the wave model all together.
+        self.delivers_each = self._continuous is not None
 
     def rendering(self, kind: str) -> Engine:
         """This engine writing its answers for the ``kind`` extractor.
@@ -431,6 +433,11 @@ class _Rendering(Engine):
         """Reports the engine to ``sink`` from now on."""
         self.engine.report_to(sink)
         self.sink = sink
+
+    @property
+    def delivers_each(self) -> bool:  # type: ignore[override]
+        """Whether the engine hands each sample over as it ends."""
+        return self.engine.delivers_each
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         """The engine's samples, rendered for this view's answer format."""

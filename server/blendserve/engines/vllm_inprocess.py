@@ -63,6 +63,7 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+    delivers_each = True  # stream() takes vLLM's DELTA outputs, each sample as it finishes
 
     def __init__(
         self, engine_args: Mapping[str, Any], *, name: str | None = None, sink: Stats = NO_STATS

@@ -50,7 +50,14 @@ could use (docs/benchmarks.md, "Under load"). Where the engine's free slots
 hold half the job's budget when it starts, a round costs a straggler's whole
 length at a width that is nearly free, and the job plans fewer, larger waves
 (:meth:`WavePlan.widened <blendserve.core.waves.WavePlan.widened>`): the job
-ends sooner for a little more error at the same budget.
+ends sooner for a little more error at the same budget. That holds where the
+engine hands each sample over as it ends (:attr:`Engine.delivers_each
+<blendserve.engines.base.Engine.delivers_each>`), and only there does the job
+widen: a question's next wave is planned on the votes so far, which there
+include the first samples of the other questions' waves still running; where a
+request's samples come together they include none of them, and larger waves
+planned on fewer votes cost more error (docs/benchmarks.md, "A round
+fewer where the engine has room").
 
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
@@ -430,8 +437,7 @@ class Job:
                 # costs a slot, so decide sample by sample and keep the free slots filled.
                 limit = max(limit, min(self._concurrency, policy.num_pending + free))
             elif free > limit - policy.num_pending:
-                if not any(self._rounds) and 2 * free >= self.spec.budget:
-                    # Room for half the job at once: fewer, larger waves.
+                if self._widens(free):
                     self._plan = self._plan.widened()
                 # A question's next wave is planned once its last one is all back:
                 # a plan made on the part that came back first (on a real engine,
@@ -454,6 +460,11 @@ class Job:
                 break
             sizes[chosen[0]] = sizes.get(chosen[0], 0) + 1
         self._send(sizes, in_flight)
+
+    def _widens(self, free: int) -> bool:
+        """Whether the job, about to send its first wave, plans fewer, larger ones: the engine
+        has room for half its budget at once and hands each sample over as it ends."""
+        return not any(self._rounds) and 2 * free >= self.spec.budget and self.engine.delivers_each
 
     def _write_off_stragglers(self) -> None:
         """Has the policy hold the samples in flight that are stragglers, and leaves them running.

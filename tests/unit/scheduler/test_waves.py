@@ -120,17 +120,27 @@ def test_on_an_idle_engine_a_job_ends_in_a_few_waves_where_sample_by_sample_take
     assert wall[0] >= 3 * wall[4]
 
 
-def test_an_engine_with_room_for_half_the_job_gets_a_round_fewer() -> None:
+@pytest.mark.parametrize("delivers_each", [True, False])
+def test_an_engine_with_room_for_half_the_job_gets_a_round_fewer_if_it_delivers_each_sample(
+    delivers_each: bool,
+) -> None:
+    """Where the engine hands each sample over as it ends; where a request's samples come
+    together (as the wave model's do), the job keeps the plan's rounds whatever the room."""
     records = _records(64, seed=4)
     questions = [Question(id=r["id"], prompt=r["id"]) for r in records]
     rounds = {}
     # 64 questions at 12 a question: 768 samples, half of them fit in 512 slots, not in 256.
     for capacity in (512, 256):
         engine = WaveEngine(records, capacity)
+        assert not engine.delivers_each and not engine.rendering("exact").delivers_each
+        engine.delivers_each = delivers_each  # what the job decides by
         events, _ = _run(Job(JobSpec(questions, budget=64 * 12, max_rounds=4), engine, last_word))
         assert isinstance(events[-1], DoneEvent) and events[-1].spent > 64 * 11
         rounds[capacity] = max(len(s) for s in engine.starts.values())
-    assert rounds[512] <= WIDE_MAX_ROUNDS < rounds[256] == 4
+    if delivers_each:
+        assert rounds[512] <= WIDE_MAX_ROUNDS < rounds[256] == 4
+    else:
+        assert rounds[512] == rounds[256] == 4
 
 
 def test_a_busy_engine_keeps_the_job_sample_by_sample() -> None:

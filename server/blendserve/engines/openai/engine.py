@@ -219,6 +219,9 @@ class OpenAIEngine(Engine, PassThrough):
         self._retry = retry
         self._throttles = Throttles()
         self._n_support = n_support
+        # stream() splits a request of n into singles, each handed over as it returns,
+        # unless told the upstream takes n: then one request, its samples together.
+        self.delivers_each = n_support != "yes"
         self._stream = stream
         self._session_header = session_header
         self._rng = random.Random()
