@@ -25,6 +25,8 @@ SAMPLE = Sample("so it is 7", "stop", 5, 4, "scripted")
 class _Scripted(Engine):
     """Hands over what the test puts in ``feed``: a sample, an error to raise, or None to end."""
 
+    delivers_each = True
+
     def __init__(self) -> None:
         self.feed: asyncio.Queue[Sample | Exception | None] = asyncio.Queue()
 
