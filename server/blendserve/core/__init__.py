@@ -1,11 +1,9 @@
 """The pure core (no I/O): votes, and how a question's next samples are decided.
 
-The vocabulary (docs/decisions.md): a learned prior on how contested the
-questions are (:mod:`~blendserve.core.prior`), what further votes are worth
-(:mod:`~blendserve.core.worth`, :mod:`~blendserve.core.programme`, ASC's
-uncertainty), a price they must exceed (:mod:`~blendserve.core.price`), and
-waves (:mod:`~blendserve.core.waves`). The allocation policies decide a
-budgeted batch, the stopping rule a stream.
+Its vocabulary, on docs/decisions.md: a learned prior (:mod:`~blendserve.core.prior`),
+what further votes are worth (:mod:`~blendserve.core.worth`,
+:mod:`~blendserve.core.programme`), a price (:mod:`~blendserve.core.price`) and waves
+(:mod:`~blendserve.core.waves`). Policies decide a budgeted batch, the stopping rule a stream.
 """
 
 from blendserve.core.policies import (

@@ -1,9 +1,7 @@
 """The online rule in one place: how each question of a stream stops, how the stream is
-paced, and what it learns from each finished question.
-
-``/v1``'s pools (:class:`~blendserve.scheduler.pool.Pool`) and the
-simulator's ``online`` method (:func:`~blendserve.sim.online.run_online`) both
-decide with an :class:`OnlineRule` and learn with a :class:`StreamLearning`.
+paced, and what it learns from each finished question. ``/v1``'s pools and the
+simulator's ``online`` method decide with an :class:`OnlineRule` and learn with a
+:class:`StreamLearning`.
 """
 
 from __future__ import annotations
@@ -59,18 +57,13 @@ _OPTIONS = {
 class OnlineRule:
     """Options of online stopping, as ``online[:score=asc,cap=16,target=0.01,...]`` writes them.
 
-    Attributes:
-        score: the uncertainty thresholded (``asc`` or ``ppr``).
-        cap: a question's cap, as a multiple of the mean budget.
-        target: a fixed price on the uncertainty (a quality target) instead of pacing to the budget.
-        growth: waves are at least this share of the samples a question has.
-        extra: a question's cap is at most this many samples beyond the budget.
-        first: a question's first wave is at least this share of the budget
-            (None: learned from the flatness of the finished questions).
-        rounds: waves per question at most (0: no bound; see
-            :class:`~blendserve.core.stopping.StoppingRule`).
-        plan: how bounded waves are sized (one of :data:`PLANS`; ``bayes``
-            needs the stream's prior, and an ``asc`` score paced to a budget).
+    ``cap`` is a multiple of the mean budget, at most ``extra`` samples beyond it;
+    ``target`` a fixed price on the uncertainty (a quality target) instead of pacing to the
+    budget; ``growth`` and ``first`` the least share of a question's samples a wave adds and
+    of the budget its first wave takes (``first`` None: learned from the flatness of the
+    finished questions); ``rounds`` waves per question at most (0: no bound); ``plan`` how
+    bounded waves are sized (``bayes`` needs the stream's prior and an ``asc`` score paced
+    to a budget). See :class:`~blendserve.core.stopping.StoppingRule`.
     """
 
     score: Score = "asc"
@@ -121,9 +114,8 @@ class OnlineRule:
         return PacedPrice(budget)
 
     def price_ready(self, budget_per_question: float | None) -> bool:
-        """Whether :meth:`price` builds nothing: no start price to compute (a
-        planned rule's is a bisection over a programme's tables, tens of
-        milliseconds the first time for each budget)."""
+        """Whether :meth:`price` builds nothing: no start price to compute (a planned rule's
+        bisects a programme's tables the first time for each budget)."""
         if not self.planned or budget_per_question is None:
             return True
         return start_log_price_known(max(1.0, budget_per_question), self.rounds)
@@ -162,17 +154,11 @@ class OnlineRule:
 
 @dataclass(eq=False)
 class StreamLearning:
-    """What a stream learns from its finished questions, and the rule its next one gets.
-
-    Attributes:
-        rule: the stream's online rule.
-        budget_per_question: the mean samples its price is paced to (None: a
-            quality target alone, each question capped at ``max_cap``).
-        price: paced to the budget (or fixed by the rule's target).
-        max_cap: a question's cap with a quality target alone.
-        flatness: how flat its answers were: its next first wave and cap.
-        prior: how contested its questions were: the waves of its next questions.
-    """
+    """What a stream learns from its finished questions, and the rule its next one gets: its
+    ``price`` (paced to ``budget_per_question``, or fixed by the rule's target; with no
+    budget a question is capped at ``max_cap``), its ``flatness`` (how flat its answers
+    were: its next first wave and cap) and its ``prior`` (how contested its questions were:
+    their waves)."""
 
     rule: OnlineRule
     budget_per_question: float | None

@@ -1,11 +1,9 @@
-"""The price of a sample: what its worth must exceed for it to be bought.
+"""The price of a sample: what its worth must exceed for it to be bought (docs/decisions.md).
 
-Every mode decides the same way: a question is sampled while what its
-next votes are worth exceeds a price. A batch's budget sets the price (its
-Lagrange multiplier, :meth:`~blendserve.core.waves.WavePlan.allocate`); a
-stream paces it (:class:`PacedPrice`) so that its mean spend meets the
-budget; a quality target fixes it. Its unit is the worth's: ASC's
-``P[p1 < p2]`` for an uncertainty rule, the fall in the chance of a wrong
+A batch's budget sets it (its Lagrange multiplier,
+:meth:`~blendserve.core.waves.WavePlan.allocate`); a stream paces it (:class:`PacedPrice`)
+so that its mean spend meets the budget; a quality target fixes it. Its unit is the
+worth's: ASC's ``P[p1 < p2]`` for an uncertainty rule, the fall in the chance of a wrong
 answer per top-two vote under a learned prior.
 """
 
@@ -24,12 +22,9 @@ _LOG2 = math.log(2.0)
 
 
 def first_log_price(budget_per_question: float) -> float:
-    """A cautious first log price for a mean budget, before any question is seen.
-
-    The price (on ASC's uncertainty) at which a unanimous question stops after
-    half the budget: derived from the rule, not fitted on any data. The
-    pacing learns the stream's own price from there.
-    """
+    """A cautious first log price for a mean budget, before any question is seen: where a
+    unanimous question stops after half the budget (on ASC's uncertainty), derived from the
+    rule, not fitted on any data. The pacing learns the stream's own price from there."""
     unanimous = max(1.0, budget_per_question) / 2.0
     return max(_MIN_LOG_PRICE, -(unanimous + 1.0) * _LOG2)
 
@@ -37,25 +32,16 @@ def first_log_price(budget_per_question: float) -> float:
 class PacedPrice:
     """The price of a sample, learned online so that the mean samples per question meet a budget.
 
-    Two terms: a slow estimate of the price whose expected spend is the
-    budget (stochastic approximation: each finished question moves it by its
-    excess spend times a gain, larger for the first questions so that a cold
-    start converges), and a correction proportional to the debt, the samples
-    spent beyond the budget so far, repaid over ``horizon`` questions. The
-    debt term keeps the *running mean* on target even where spend is a step
-    function of the price. Open questions count in the debt as soon as they pass
-    the budget (:meth:`spend`), so many questions in flight do not overshoot
-    together before the first of them finishes.
+    Two terms: a slow estimate of the price whose expected spend is the budget (stochastic
+    approximation: the ``n``-th finished question moves the log price by its excess spend
+    times ``gain * (1 + warmup / n)``, larger at first so that a cold start converges), and
+    a correction proportional to the debt, the samples spent beyond the budget so far,
+    repaid over ``horizon`` questions: it keeps the *running mean* on target even where
+    spend is a step function of the price. Open questions count in the debt as soon as they
+    pass the budget (:meth:`spend`), so many in flight do not overshoot together.
 
-    With ``budget_per_question=None`` the price is fixed at ``log_price``
-    (a quality target instead of a budget).
-
-    Args:
-        budget_per_question: the mean samples per question to pace to.
-        log_price: the first price (default: :func:`first_log_price`).
-        gain: log-price step per sample of excess spend of one question.
-        warmup: the ``n``-th finished question's step is ``gain * (1 + warmup / n)``.
-        horizon: questions over which a debt is repaid.
+    ``log_price`` is the first price (default: :func:`first_log_price`), fixed with
+    ``budget_per_question=None`` (a quality target instead of a budget).
     """
 
     def __init__(

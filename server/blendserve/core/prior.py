@@ -1,12 +1,9 @@
 """How contested a batch's or a stream's questions are: the learned prior on the leader's share.
 
-A question's leading answer takes a share ``x = p1 / (p1 + p2)`` of the
-votes for its top two answers. :class:`SharePrior` is a distribution of
-``x`` over a fixed grid (:data:`SHARES`), fitted by EM to top-two votes (the
-stopping rule is ignorable for that likelihood). A batch fits it to its own
-questions' votes (:class:`~blendserve.core.worth.VoteWorth`); a stream to its
-finished questions, and plans its waves from it
-(:class:`~blendserve.core.programme.VotePrior`). One type, one fit.
+:class:`SharePrior` is a distribution of the leader's share of the top two votes,
+``x = p1 / (p1 + p2)``, over :data:`SHARES`, fitted by EM to top-two votes (the stopping
+rule is ignorable for that likelihood): a batch's (:class:`~blendserve.core.worth.VoteWorth`)
+and a stream's (:class:`~blendserve.core.programme.VotePrior`) alike (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -57,13 +54,9 @@ def rounded_weights(weights: NDArray[np.float64], decimals: int) -> tuple[float,
 class SharePrior:
     """Grid weights of the leader's share, learned from top-two votes.
 
-    A batch refits it to its questions' votes (:meth:`fit` with ``votes``); a
-    stream tells it each finished question (:meth:`observe`), and it refits
-    to the most recent ``history`` of them every ``refit_every``.
-
-    Args:
-        refit_every: finished questions between a stream's fits.
-        history: the most recent finished questions a stream's fit uses.
+    A batch refits it to its questions' votes (:meth:`fit` with ``votes``); a stream
+    tells it each finished question (:meth:`observe`), and it refits to the most recent
+    ``history`` of them every ``refit_every`` finished questions.
     """
 
     def __init__(self, *, refit_every: int = 50, history: int = 1000) -> None:

@@ -1,18 +1,15 @@
 """A stream's waves: the Bayes-optimal ones under its learned prior, at a price per vote.
 
-A question of a stream gets at most ``R`` waves. Given the stream's
-:class:`~blendserve.core.prior.SharePrior`, a dynamic programme over the
-vote state ``(n1, n2)`` and the rounds left chooses them: each round either
-stops, at the posterior chance that the leader is not the mode, or buys
-``w`` more top-two votes at the price each (paced to the budget by
-:class:`~blendserve.core.price.PacedPrice`). A wave of ``w`` votes is sent
-as ``w`` divided by the question's (else the stream's) share of top-two votes.
+A dynamic programme over the vote state ``(n1, n2)`` and the rounds left, under the
+stream's :class:`~blendserve.core.prior.SharePrior`: each round stops, at the posterior
+chance that the leader is not the mode, or buys ``w`` more top-two votes at the price each
+(paced by :class:`~blendserve.core.price.PacedPrice`). A wave of ``w`` votes is sent as
+``w`` divided by the question's (else the stream's) share of top-two votes.
 
-A programme takes a few hundred milliseconds to build, its tables at a new
-price tens. :meth:`VotePrior.wave` builds what it needs; a caller that must
-not wait (the pools' event loop) asks :meth:`VotePrior.ready`, which builds
-nothing, decides with :meth:`VotePrior.fallback` while the prior's own
-programme is missing, and has the missing parts built elsewhere
+Building takes long (docs/openai.md, "Online self-consistency"): :meth:`VotePrior.wave`
+builds what it needs; a caller that must not wait (the pools' event loop) asks
+:meth:`VotePrior.ready`, which builds nothing, decides with :meth:`VotePrior.fallback`
+while the prior's own programme is missing, and has the rest built elsewhere
 (:meth:`Need.build`). Builds never run two at a time; lookups may run beside one.
 """
 
@@ -279,28 +276,22 @@ def _built(key: _Key | None, bucket: int, rounds: int) -> _Tables | None:
 @dataclass(frozen=True)
 class Need:
     """What a decision at one price needs built: a programme and its tables at a bucket.
-
-    Equal needs are one build, so a builder may run each once however many
-    decisions ask for it.
-    """
+    Equal needs are one build, so a builder may run each once however many ask for it."""
 
     key: _Key
     bucket: int
     rounds: int
 
     def build(self) -> None:
-        """Builds what is missing (hundreds of milliseconds for a programme, tens for a
-        price's tables). Never two at a time; lookups may run beside it."""
+        """Builds what is missing; never two at a time, lookups may run beside it."""
         _tables(self.key, self.bucket, self.rounds)
 
 
 class ReadyPrior:
     """A prior's waves at one price from tables already built: it decides without building.
 
-    It reads the prior's own programme wherever that is built (as
-    :class:`VotePrior` would decide), else the tables it was made with (the
-    programme of the prior before its last refit, or of a prior that has seen
-    nothing). Made by :meth:`VotePrior.ready` or :meth:`VotePrior.fallback`.
+    It reads the prior's own programme wherever built, else the tables it was made with
+    (of the prior before its last refit, or of one that has seen nothing).
     """
 
     def __init__(self, prior: VotePrior, tables: _Tables, rounds: int) -> None:
@@ -330,13 +321,7 @@ class ReadyPrior:
 
 class VotePrior(SharePrior):
     """A stream's learned prior (:class:`~blendserve.core.prior.SharePrior`) and the waves it
-    implies.
-
-    Args:
-        max_votes: top-two votes a question may hold in the programme.
-        refit_every: finished questions between EM fits.
-        history: the most recent finished questions the fit uses.
-    """
+    implies, for at most ``max_votes`` top-two votes a question."""
 
     def __init__(self, *, max_votes: int = 64, refit_every: int = 50, history: int = 1000) -> None:
         if not 1 <= max_votes <= 255:
@@ -401,16 +386,9 @@ class VotePrior(SharePrior):
         return math.ceil(votes / max(share, _MIN_SHARE))
 
     def wave(self, n1: int, n2: int, num_samples: int, log_price: float, rounds_left: int) -> int:
-        """Samples to send next for a question with these votes (0: it stops).
-
-        Args:
-            n1: votes of the leading answer.
-            n2: votes of the runner-up.
-            num_samples: samples observed (other answers and abstentions included).
-            log_price: the log price of a top-two vote, in units of error (paced by
-                :class:`~blendserve.core.price.PacedPrice`).
-            rounds_left: waves it may still take, this one included.
-        """
+        """Samples to send next for a question with these votes (0: it stops): ``num_samples``
+        counts other answers and abstentions, ``log_price`` is the log price of a top-two
+        vote (in units of error), ``rounds_left`` counts this wave."""
         if rounds_left <= 0:
             return 0
         tables = _tables((self._key, self.max_votes), _bucket(log_price), rounds_left)
@@ -439,15 +417,10 @@ class VotePrior(SharePrior):
         return self.wave(n1, n2, n1 + n2, log_price, 1) == 0
 
     def past_horizon(self, n1: int, n2: int, log_price: float, limit: int) -> bool:
-        """Whether a last wave the programme has no room for would have been worth its
-        price at these votes: one taking the question's top-two votes past
-        ``max_votes``, of at most ``limit`` votes (what its cap leaves).
-
-        A question the programme stops there (:meth:`settled`) stopped at the
-        programme's horizon, not at its price: a budget that asks more than the
-        programme can plan. Exact for one more wave, in float64 (the
-        programme's tables are float32); builds nothing.
-        """
+        """Whether a last wave the programme has no room for (past ``max_votes``, of at most
+        ``limit`` votes, what the cap leaves) would have been worth its price at these votes:
+        a question :meth:`settled` there stopped at the programme's horizon, not its price.
+        Exact for one more wave, in float64 (the tables are float32); builds nothing."""
         room = self.max_votes - n1 - n2
         sizes = [w for w in _SIZES if room < w <= limit]
         if not sizes:

@@ -1,17 +1,13 @@
 """When one question of a stream has enough samples, and how many it asks for next.
 
-A stream of single questions gets a batch's saving by stopping each question
-once its next votes are worth less than the price (:mod:`~blendserve.core.price`):
-its uncertainty (ASC's ``P[p1 < p2]`` or PPR-1v1's) is at most the price, or,
-with a learned prior, the prior's programme stops it
-(:mod:`~blendserve.core.programme`).
-
-Samples may be requested in waves: :meth:`StoppingRule.samples_to_stop` is
-the least number of further samples after which the question *could* stop
-(every one of them voting for the leader). Any other outcome of those samples
-leaves it less sure, so no stopping point lies inside a wave and waves of that
-size stop every question at exactly the sample a one-at-a-time loop would.
-Only the first wave is larger, a share of the budget (:meth:`StoppingRule.for_budget`).
+A question stops once its next votes are worth less than the price
+(:mod:`~blendserve.core.price`): its uncertainty (ASC's ``P[p1 < p2]`` or PPR-1v1's) is at
+most the price, or, with a learned prior, the prior's programme stops it
+(:mod:`~blendserve.core.programme`). :meth:`StoppingRule.samples_to_stop` is the least
+number of further samples after which it *could* stop (all for the leader); any other
+outcome leaves it less sure, so no stopping point lies inside a wave of that size, and
+such waves stop every question at exactly the sample a one-at-a-time loop would. Only the
+first wave is larger, a share of the budget (:meth:`StoppingRule.for_budget`).
 """
 
 from __future__ import annotations
@@ -41,24 +37,18 @@ Score = Literal["asc", "ppr"]
 
 @dataclass(frozen=True)
 class StoppingRule:
-    """When one question has enough samples.
+    """When one question has enough samples: its uncertainty (``score``: ``asc``,
+    ``P[p1 < p2]``, or ``ppr``, PPR-1v1's density ratio) is at most the price, or it holds
+    ``max_num_samples``.
 
-    A question stops once its uncertainty is at most the price or it holds
-    ``max_num_samples`` samples.
-
-    Attributes:
-        score: ``asc`` (``P[p1 < p2]``) or ``ppr`` (PPR-1v1's density ratio).
-        max_num_samples: the cap per question.
-        min_growth: waves are at least this share of the samples a question
-            has (0: waves stop exactly where one-at-a-time sampling would).
-        min_first: the first wave is at least this many samples.
-        max_rounds: waves per question at most (0: no bound); later waves are
-            then sized by :class:`~blendserve.core.waves.WavePlan` from what the
-            question is expected to need, and its last wave takes all of it.
-        prior: the stream's learned :class:`~blendserve.core.programme.VotePrior`
-            (or its :class:`~blendserve.core.programme.ReadyPrior` at one price,
-            which builds nothing), which then sizes every wave instead (``asc``
-            with ``max_rounds`` only), and the price is that of a top-two vote.
+    Waves are at least ``min_growth`` times the samples a question has (0: they stop
+    exactly where one-at-a-time sampling would), the first at least ``min_first``. With
+    ``max_rounds`` (0: no bound) later waves are sized by
+    :class:`~blendserve.core.waves.WavePlan` from what the question is expected to need,
+    its last taking all of it. A ``prior`` (the stream's
+    :class:`~blendserve.core.programme.VotePrior`, or its
+    :class:`~blendserve.core.programme.ReadyPrior` at one price, which builds nothing)
+    sizes every wave instead (``asc`` with ``max_rounds`` only), at a price per top-two vote.
     """
 
     score: Score = "asc"
@@ -95,15 +85,11 @@ class StoppingRule:
         max_rounds: int = 0,
         prior: VotePrior | None = None,
     ) -> StoppingRule:
-        """The rule for a mean budget: capped at ``cap`` times it, and ``max_extra`` beyond it.
-
-        The second bound matters at large budgets on flat answer distributions
-        (many near-tied answers), where samples past it bought little on the
-        recorded sets. The first wave is at least ``first_share`` of the
-        budget: at large budgets that saves rounds, and a question is not
-        stopped by a lucky unanimous start, which matters most on flat data
-        (docs/benchmarks.md, "Figures behind constants").
-        """
+        """The rule for a mean budget: capped at ``cap`` times it, and ``max_extra`` beyond it
+        (past which samples buy little on flat answer distributions). The first wave is at
+        least ``first_share`` of the budget: at large budgets that saves rounds, and a lucky
+        unanimous start does not stop a question, which matters most on flat data
+        (docs/benchmarks.md, "Figures behind constants")."""
         limit = min(cap * budget_per_question, budget_per_question + max_extra)
         cap_samples = max(1, round(limit))
         min_first = min(cap_samples, math.floor(first_share * budget_per_question))
@@ -129,25 +115,19 @@ class StoppingRule:
         self, n1: int, n2: int, num_distinct: int, running: int, log_price: float
     ) -> bool:
         """Whether a question stops at the price with its leader however its ``running``
-        samples vote (at worst: all for the runner-up, each a new answer).
-
-        Its wave may then be cut before those samples end: the wave's end could
-        undo neither the stop nor the answer. Stopping on fewer samples than the
-        wave whenever the votes so far allow would test the threshold after
-        every sample instead of every wave, and stop questions on too few votes.
-        """
+        samples vote (at worst: all for the runner-up, each a new answer): its wave may then
+        be cut, as its end could undo neither the stop nor the answer. (Stopping whenever
+        the votes so far allow would test the threshold after every sample, not every wave,
+        and stop questions on too few votes.)"""
         n2 += running
         return n1 > n2 and self.is_done(n1, n2, num_distinct + running, 0, log_price)
 
     def samples_to_stop(
         self, n1: int, n2: int, num_distinct: int, num_samples: int, log_price: float
     ) -> int:
-        """Least further samples after which the question could stop (0: it stops now).
-
-        Counts as if each further sample voted for the leader, the only
-        outcome that lowers the uncertainty fastest, so the question cannot
-        stop before that many; never more than the cap leaves.
-        """
+        """Least further samples after which the question could stop (0: it stops now): each
+        voting for the leader, the outcome that lowers the uncertainty fastest; never more
+        than the cap leaves."""
         if self.is_done(n1, n2, num_distinct, num_samples, log_price):
             return 0
         left = self.max_num_samples - num_samples
@@ -167,14 +147,10 @@ class StoppingRule:
         rounds: int = 0,
     ) -> int:
         """Samples to request next for one question that has had ``rounds`` waves (0: done;
-        never 0 before its first sample).
-
-        :meth:`samples_to_stop`, raised to ``min_growth`` times the samples it
-        has, so a contested question needs few rounds (at the price of a few
-        samples a one-at-a-time loop would not have spent); with
-        ``max_rounds``, raised to the wave plan's step of what the question
-        is expected to need, and 0 once it has had ``max_rounds`` waves.
-        """
+        never 0 before its first sample): :meth:`samples_to_stop`, raised to ``min_growth``
+        times the samples it has (few rounds for a contested question, for a few samples a
+        one-at-a-time loop would not spend); with ``max_rounds``, raised to the wave plan's
+        step of what it is expected to need, and 0 once it has had ``max_rounds`` waves."""
         if self.max_rounds and rounds >= self.max_rounds:
             return 0
         left = self.max_num_samples - num_samples

@@ -1,15 +1,11 @@
 """A few large waves instead of many small steps: how many samples each question gets next.
 
-An engine runs a request of ``n`` samples in about the time of one, up to
-its capacity, so what the caller waits for is the rounds a question needs,
-not its samples. A first wave (:meth:`WavePlan.first_wave`) goes to every
-question; each later wave is sized from the votes so far: a batch prices its
-remaining budget over every open question's further samples
-(:meth:`WavePlan.allocate`, by a policy's worth or else ASC's expected
-uncertainty), a stream stops at its paced price; a wave that is not a
-question's last sends a share of what it is expected to need
-(:meth:`WavePlan.step`), and ``max_rounds`` bounds every question's rounds.
-See docs/decisions.md. Pure and vectorised.
+An engine runs a request of ``n`` samples in about the time of one, up to its capacity,
+so what the caller waits for is a question's rounds, not its samples. Every question gets
+a first wave (:meth:`WavePlan.first_wave`); later ones are sized from the votes so far (a
+batch's by :meth:`WavePlan.allocate`, a stream's at its paced price), a wave that is not
+a question's last sending a share of its need (:meth:`WavePlan.step`), within
+``max_rounds``. See docs/decisions.md. Pure and vectorised.
 """
 
 from __future__ import annotations
@@ -101,23 +97,14 @@ def unanimous_need(n1: int, n2: int, log_price: float, limit: int) -> int:
 
 @dataclass(frozen=True)
 class WavePlan:
-    """How a question's samples are split into a few waves.
+    """How a question's samples are split into at most ``max_rounds`` waves, its last
+    sending all it is expected to need.
 
-    Attributes:
-        max_rounds: waves per question at most (its last wave sends all it
-            is expected to need).
-        first_share: the first wave, as a share of the mean budget per
-            question (at least :data:`~blendserve.core.flatness.PROBE`
-            samples, so the batch's flatness is known after it); None:
-            :data:`DEFAULT_FIRST_SHARE`, or :data:`FEW_ROUNDS_FIRST_SHARE`
-            with fewer rounds than :data:`DEFAULT_MAX_ROUNDS`
-            (:attr:`wave_first_share`).
-        step_share: a wave that is not the question's last sends this share of
-            what the question is expected to need.
-        growth: a wave adds at most this many times the samples a question has
-            (1: it at most doubles them); raised where the rounds could not
-            otherwise take a question :data:`MIN_REACH` times past its first
-            wave (:attr:`wave_growth`).
+    ``first_share``: the first wave's share of the mean budget per question (at least
+    :data:`~blendserve.core.flatness.PROBE` samples, so the batch's flatness is known
+    after it; None: by the rounds, :attr:`wave_first_share`). A wave that is not the last
+    sends ``step_share`` of the need, and adds at most ``growth`` times the samples a
+    question has (1: it at most doubles them; raised by :attr:`wave_growth`).
     """
 
     max_rounds: int = DEFAULT_MAX_ROUNDS
@@ -155,11 +142,9 @@ class WavePlan:
         :data:`WIDE_MAX_ROUNDS` rounds, each later wave up to tripling a question's samples
         (quadrupling with two rounds: :attr:`wave_growth`).
 
-        There a round costs a straggler's whole length at a width that is nearly
-        free, so fewer, larger waves end the job sooner; the growth lets the
-        contested questions still take the budget in fewer rounds. Chosen on the
-        flat and LLM-like families (docs/benchmarks.md). Its first wave is the
-        plan's it widens: a larger one changed nothing there.
+        There a round costs a straggler's whole length at a nearly free width: fewer, larger
+        waves end the job sooner, and the growth lets contested questions still take the
+        budget. The first wave stays the plan's (docs/benchmarks.md, "Waves").
         """
         return replace(
             self,
@@ -185,16 +170,9 @@ class WavePlan:
         limit: int,
         rounds_left: int,
     ) -> int:
-        """Samples to send next for one question of a stream, paced at ``log_price`` (0: done).
-
-        Args:
-            n1: votes of the leading answer.
-            n2: votes of the runner-up.
-            num_samples: samples observed (abstentions included).
-            log_price: the stopping threshold on ASC's uncertainty, in log space.
-            limit: further samples the question may take (its cap left).
-            rounds_left: waves it may still take, this one included.
-        """
+        """Samples to send next for one question of a stream (0: done), paced at ``log_price``
+        on ASC's log uncertainty: ``num_samples`` counts abstentions, ``limit`` is what its
+        cap leaves, ``rounds_left`` counts this wave."""
         if limit <= 0 or rounds_left <= 0:
             return 0
         need = _need(_row(n1, n2, num_samples, min(limit, _MAX_ROW)), log_price)
@@ -213,23 +191,16 @@ class WavePlan:
         log_stop: float = -math.inf,
         rows: Sequence[NDArray[np.float64]] | None = None,
     ) -> tuple[list[int], float]:
-        """Splits a batch's remaining ``budget`` between its open questions.
+        """Splits a batch's remaining ``budget`` (samples not yet dispatched) between its open
+        questions, each given as ``states`` ``(n1, n2, samples observed)``, samples
+        ``pending`` in flight, ``limits`` (further samples beyond those observed: its cap
+        left) and ``floors`` (further samples it gets first, whatever its votes).
 
-        Args:
-            states: ``(n1, n2, samples observed)`` of each open question.
-            pending: its samples in flight.
-            limits: further samples it may take beyond those observed (its cap left).
-            floors: further samples it gets first, whatever its votes (a uniform floor).
-            budget: samples not yet dispatched.
-            log_stop: no sample is bought for a question expected to be at
-                most this uncertain already (the budget is a ceiling).
-            rows: what each further sample of each question is worth, non-increasing
-                (None: ASC's expected log uncertainty after it); the budget goes to
-                the samples worth most, and the price is in their unit.
-
-        Returns:
-            Each question's expected need beyond its samples in flight, and the
-            log price at which the budget runs out (``log_stop`` when it does not).
+        The budget goes to the further samples worth most by ``rows`` (non-increasing; None:
+        ASC's expected log uncertainty after each), none to a question expected to be at
+        most ``log_stop`` uncertain already (the budget is a ceiling). Returns each
+        question's expected need beyond its samples in flight, and the log price, in the
+        rows' unit, at which the budget runs out (``log_stop`` when it does not).
         """
         floor_need = [
             max(0, min(f, lim) - p) for f, p, lim in zip(floors, pending, limits, strict=True)

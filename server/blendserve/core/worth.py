@@ -1,16 +1,12 @@
 """What further votes of a batch's question are worth, under the batch's learned prior.
 
-ASC ranks questions by ``P[p1 < p2]`` under a flat prior on the leader's
-share, the same for every batch. :class:`VoteWorth` fits that share's
-distribution to the batch's own votes (:class:`~blendserve.core.prior.SharePrior`)
-and values a question by the most that further top-two votes can lower the
-chance that its leader is not the mode, per vote: the best over 1 to
-:data:`LOOK_AHEAD` more votes (one vote often cannot turn a count, a few
-can). Where most questions are close, that keeps sampling a question whose
-first votes agree by luck and spends less on near-ties a few votes will not
-break; where most are clear, it is close to ASC.
-
-Pure; memoised per fitted prior.
+Where ASC assumes a flat prior on the leader's share, :class:`VoteWorth` fits it to the
+batch's own votes (:class:`~blendserve.core.prior.SharePrior`) and values a question by
+the most that further top-two votes lower the chance that its leader is not the mode, per
+vote: the best over 1 to :data:`LOOK_AHEAD` more votes (one vote often cannot turn a
+count, a few can). Where most questions are close, that keeps sampling a question whose
+first votes agree by luck and spends less on near-ties a few votes will not break; where
+most are clear, it is close to ASC. Pure; memoised per fitted prior.
 """
 
 from __future__ import annotations
@@ -135,11 +131,8 @@ def _value(weights: tuple[float, ...], n1: int, n2: int) -> float:
 
 
 class VoteWorth:
-    """A batch's learned prior on its questions' leading shares, and what a vote is worth.
-
-    Args:
-        refit_every: votes between fits (the fit reads every question's votes).
-    """
+    """A batch's learned prior on its questions' leading shares, and what a vote is worth;
+    refitted every ``refit_every`` votes (the fit reads every question's votes)."""
 
     def __init__(self, refit_every: int = 64) -> None:
         if refit_every < 1:

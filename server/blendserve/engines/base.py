@@ -44,14 +44,9 @@ def shift_seed(seed: int, by: int) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling parameters of one request; ``None`` leaves the engine's default.
-
-    Attributes:
-        temperature, top_p, top_k, min_p, max_tokens, stop, seed: as in the
-            OpenAI and vLLM APIs.
-        extra: passed through to the upstream unchanged (for example
-            ``chat_template_kwargs`` or ``repetition_penalty``).
-    """
+    """Sampling parameters of one request, as in the OpenAI and vLLM APIs; ``None`` leaves
+    the engine's default. ``extra`` goes to the upstream unchanged (for example
+    ``chat_template_kwargs`` or ``repetition_penalty``)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -63,13 +58,10 @@ class SamplingParams:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def from_sample(self, index: int) -> SamplingParams:
-        """These params for a request whose first sample is a question's ``index``-th.
-
-        A seeded question's requests then carry ``seed + index``: engines give
-        the ``i``-th sample of a request ``seed + i``, so no two samples of the
-        question share a seed (and a seeded upstream repeats none of them).
-        Both wrap around within the 64-bit seeds (:func:`shift_seed`).
-        """
+        """These params for a request whose first sample is a question's ``index``-th: a
+        seeded question's requests carry ``seed + index``, and engines give a request's
+        ``i``-th sample ``seed + i``, so no two samples of the question share a seed (both
+        wrap around within the 64-bit seeds, :func:`shift_seed`)."""
         if self.seed is None or index == 0:
             return self
         return replace(self, seed=shift_seed(self.seed, index))
@@ -77,20 +69,10 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """``n`` samples for one prompt.
-
-    Exactly one of ``prompt`` (completions mode) and ``messages`` (chat mode)
-    is set.
-
-    Attributes:
-        prompt: plain-text prompt, or the prompt's token ids (as vLLM takes them).
-        messages: chat messages (``{"role": ..., "content": ...}``).
-        n: samples wanted.
-        params: sampling parameters.
-        model: upstream model name (None: the engine's default).
-        question_id: the question's id: replica affinity, replay lookup.
-        timeout: seconds for the whole call (None: the engine's default).
-    """
+    """``n`` samples for one prompt: exactly one of ``prompt`` (completions mode: text, or
+    token ids as vLLM takes them) and ``messages`` (chat mode) is set. ``question_id``
+    serves replica affinity and replay lookup; ``model`` and ``timeout`` (seconds for the
+    whole call) None: the engine's default."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
@@ -109,19 +91,13 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class Sample:
-    """One generated completion.
+    """One generated completion, its ``finish_reason`` as reported upstream.
 
-    Attributes:
-        text: the completion text (with a reasoning parser upstream, its
-            ``content``: the final answer alone).
-        finish_reason: ``stop``, ``length``, ... as reported upstream.
-        prompt_tokens: prompt tokens of the request that produced it.
-        completion_tokens: tokens of this completion (its thought's included).
-        upstream: which upstream (URL or engine name) served it.
-        reasoning: the thought, where the upstream split it out (vLLM's
-            ``reasoning`` or ``reasoning_content``); None: the upstream did not
-            (``text`` may still hold one, see :meth:`thought`).
-        reasoning_tokens: tokens of the thought, where the upstream counts them.
+    With a reasoning parser upstream, ``text`` is its ``content`` (the final answer alone)
+    and ``reasoning`` the thought (vLLM's ``reasoning`` or ``reasoning_content``; None: not
+    split out, though ``text`` may hold one, see :meth:`thought`). ``prompt_tokens`` are
+    its request's; ``completion_tokens`` include the thought's, which ``reasoning_tokens``
+    counts where the upstream does. ``upstream`` names the URL or engine that served it.
     """
 
     text: str
@@ -146,13 +122,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class EngineHealth:
-    """Whether an engine can serve, and per upstream detail.
-
-    Attributes:
-        healthy: at least one upstream can take requests.
-        upstreams: upstream name -> healthy.
-        detail: why the engine cannot serve, where it knows (a dead server process).
-    """
+    """Whether an engine can serve (at least one upstream can take requests), each upstream's
+    health by name, and why it cannot where it knows (``detail``: a dead server process)."""
 
     healthy: bool
     upstreams: Mapping[str, bool] = field(default_factory=dict)
@@ -161,13 +132,8 @@ class EngineHealth:
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """How full an engine is: the sequences it runs at once, and those asked of it now.
-
-    Attributes:
-        capacity: sequences the engine runs at once (None: unknown).
-        running: sequences running now.
-        waiting: sequences queued behind them.
-    """
+    """How full an engine is: the sequences it runs at once (``capacity``, None: unknown),
+    and those asked of it now, running or queued behind them (``waiting``)."""
 
     capacity: int | None
     running: int = 0
@@ -183,14 +149,9 @@ class EngineLoad:
 
 @dataclass(frozen=True)
 class UpstreamReply:
-    """An upstream's reply to a forwarded request, passed on as it arrives.
-
-    Attributes:
-        status: the upstream's HTTP status.
-        content_type: its ``Content-Type``.
-        body: the body's bytes as they arrive; closing it (or reading it to
-            the end) releases the upstream request.
-    """
+    """An upstream's reply to a forwarded request (its HTTP status and ``Content-Type``),
+    passed on as it arrives: closing ``body`` (or reading it to the end) releases the
+    upstream request."""
 
     status: int
     content_type: str
@@ -224,11 +185,8 @@ class Engine(ABC):
 
     @property
     def sequences_in_flight(self) -> int:
-        """Sequences this process has asked of the engine and not yet received.
-
-        Every job and pool asks through :meth:`counted_stream`, which keeps this
-        count, so that each sees the others' load.
-        """
+        """Sequences this process has asked of the engine and not yet received: every job and
+        pool asks through :meth:`counted_stream`, which keeps it, so each sees the others'."""
         return self._sequences_in_flight
 
     def load(self) -> EngineLoad:
@@ -252,25 +210,19 @@ class Engine(ABC):
         """
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
-        """The request's samples, each handed over as it ends (at most ``request.n``).
-
-        Votes can then be counted while the rest still run, and a question
-        settled meanwhile need not wait for its stragglers: closing the
-        iterator early cancels the samples still running. By default every
-        sample comes at once, when :meth:`generate` returns; raises as it does.
-        """
+        """The request's samples, each handed over as it ends (at most ``request.n``), so that
+        votes count while the rest run; closing the iterator early cancels the samples still
+        running (a settled question's stragglers). By default every sample comes at once,
+        when :meth:`generate` returns; raises as it does."""
         for sample in await self.generate(request):
             yield sample
 
     @final
     async def counted_stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
-        """:meth:`stream`, its samples counted in :attr:`sequences_in_flight` while out.
-
-        The request's ``n`` count once it starts, each one less as it is handed
-        over, and those never handed over (the stream closed early, failed, or
-        gave fewer) none once it ends, however it ends. Not overridden: an
-        engine's own :meth:`stream` says how samples come, this what is out.
-        """
+        """:meth:`stream`, its samples counted in :attr:`sequences_in_flight` while out: the
+        request's ``n`` once it starts, one less as each is handed over, and none once it
+        ends, however it ends. Not overridden: an engine's :meth:`stream` says how samples
+        come, this what is out."""
         left = request.n
         self._sequences_in_flight += left
         try:
@@ -289,11 +241,9 @@ class Engine(ABC):
         """Current health, without waiting on a slow upstream for long."""
 
     def down(self) -> EngineDown | None:
-        """Why the engine cannot serve at all now, known without asking it (None: it may).
-
-        An engine that owns its server process says so once that process died,
-        so that requests fail at once with the cause instead of retrying.
-        """
+        """Why the engine cannot serve at all now, known without asking it (None: it may): an
+        engine that owns its server process says so once it died, so that requests fail at
+        once with the cause instead of retrying."""
         return None
 
     async def models(self) -> list[str]:

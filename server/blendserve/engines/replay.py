@@ -1,10 +1,9 @@
-"""The replay engine: our own fake model that serves recorded answers.
+"""The replay engine: our own fake model that serves recorded answers (docs/engines.md).
 
-It is a test double for schedulers, benchmarks, fault tests and demos, not a
-model: for a question it draws (with replacement) one of the answers recorded
-for it and renders a short completion in the answer format asked for, so
-extraction and voting run exactly as in production. A latency and capacity
-model imitates an engine's batch; fault injection imitates a bad upstream.
+A test double for schedulers, benchmarks, fault tests and demos: for a question it draws
+(with replacement) one of the answers recorded for it and renders a short completion in
+the answer format asked for, so extraction and voting run exactly as in production. A
+latency and capacity model imitates an engine's batch; fault injection a bad upstream.
 """
 
 from __future__ import annotations
@@ -45,20 +44,15 @@ _REASONING = "Let me work through this step by step and check each part of the q
 class LatencyModel:
     """How long a request takes and how many sequences run at once.
 
-    Attributes:
-        fixed: seconds per request.
-        per_token: seconds per completion token (sequences of a request run together).
-        exponential_mean: mean seconds of a random delay added to each request,
-            drawn from an exponential distribution (seeded; 0: none).
-        max_concurrent_sequences: sequences served at once, like a GPU batch
-            (None: unlimited); a request for n samples holds n of them.
-        length: completion tokens of a sample, log-normal: ``(mu, sigma)`` of
-            their logarithm, drawn per sample (seeded; None: the rendered
-            text's words). A request of n samples lasts as long as its longest.
-        step_cost: decode steps priced by width and context: the engine then
-            batches continuously (:class:`~blendserve.engines.continuous.ContinuousBatch`),
-            each sample lasting its own tokens, and ``fixed``/``per_token`` are unused.
-        time_scale: multiplies each modelled step's time.
+    A request lasts ``fixed`` seconds plus ``per_token`` per completion token of its longest
+    sample (its sequences run together), plus an exponential delay of mean
+    ``exponential_mean`` seconds (seeded; 0: none); ``max_concurrent_sequences`` run at
+    once like a GPU batch (None: unlimited), a request for n samples holding n. ``length``:
+    a sample's completion tokens, log-normal with ``(mu, sigma)`` of their logarithm
+    (seeded; None: the rendered text's words). A ``step_cost`` prices decode steps by width
+    and context instead: the engine batches continuously
+    (:class:`~blendserve.engines.continuous.ContinuousBatch`), each sample lasting its own
+    tokens. ``time_scale`` multiplies each modelled step's time.
     """
 
     fixed: float = 0.0
@@ -72,15 +66,10 @@ class LatencyModel:
 
 @dataclass(frozen=True)
 class FaultConfig:
-    """Rates of injected faults per request (seeded, independent of the answers).
-
-    Attributes:
-        error_rate: the request fails (an upstream 5xx).
-        timeout_rate: the request hangs until its deadline or cancellation.
-        drop_rate: the connection drops (no response).
-        slow_rate: the request takes ``slow_factor`` times longer.
-        slow_factor: slowdown of slow requests.
-    """
+    """Rates of injected faults per request (seeded, independent of the answers): the request
+    fails (``error_rate``: an upstream 5xx), hangs until its deadline or cancellation
+    (``timeout_rate``), loses its connection with no response (``drop_rate``), or takes
+    ``slow_factor`` times longer (``slow_rate``)."""
 
     error_rate: float = 0.0
     timeout_rate: float = 0.0
@@ -102,10 +91,8 @@ class ReplayStats:
 
 
 def render(answer: str | None, kind: str) -> tuple[str, str]:
-    """A completion whose extracted answer (of ``kind``) is ``answer``, and its finish reason.
-
-    ``None`` renders a truncated completion with no answer (finish reason ``length``).
-    """
+    """A completion whose extracted answer (of ``kind``) is ``answer``, and its finish reason
+    (``None``: a truncated completion with no answer, finish reason ``length``)."""
     if answer is None:
         return f"{_REASONING} First we note that the", "length"
     if kind == "math":
@@ -141,13 +128,10 @@ def _prompt_tokens(prompt: str | Sequence[int]) -> int:
 
 
 class _Batch:
-    """The sequences a replay engine serves at once, like a GPU batch.
-
-    A request's n sequences start together (all-or-nothing, so no deadlock),
-    in arrival order, like an engine's waiting queue. A waiter cancelled in the
-    loop iteration that frees its sequences is passed over, or gives back what
-    it was handed: whatever the order, no sequence is lost.
-    """
+    """The sequences a replay engine serves at once, like a GPU batch: a request's n start
+    together (all-or-nothing, so no deadlock), in arrival order, like an engine's waiting
+    queue. A waiter cancelled in the loop iteration that frees its sequences is passed
+    over, or gives back what it was handed: whatever the order, no sequence is lost."""
 
     def __init__(self, latency: LatencyModel, stats: ReplayStats) -> None:
         self.limit = latency.max_concurrent_sequences
@@ -195,11 +179,9 @@ class _Batch:
         return EngineLoad(self.limit, self.limit - self.free, waiting)
 
     def _release(self, sequences: int) -> None:
-        """Frees ``sequences`` and starts waiting requests, in order, while they fit.
-
-        A waiter already cancelled (its task not yet run) is dropped, not handed
-        sequences it could never give back.
-        """
+        """Frees ``sequences`` and starts waiting requests, in order, while they fit; a waiter
+        already cancelled (its task not yet run) is dropped, not handed sequences it could
+        never give back."""
         assert self.free is not None
         self.free += sequences
         while self.waiting:
@@ -217,17 +199,12 @@ class _Batch:
 class ReplayEngine(Engine):
     """Serves recorded answers by question id, else by exact prompt.
 
-    Args:
-        data: a JSONL file (``{"id", "answers": [...]}`` per line, optional
-            ``prompt``/``question``, a prompt given as a string or as token
-            ids) or the records themselves.
-        seed: seeds the answer draws (a request's own ``seed`` overrides it).
-        latency: the latency and capacity model (zero latency by default).
-        faults: injected fault rates.
-        model_name: the name ``models()`` reports.
-        sink: where its samples and latencies are reported, as upstream ``replay``.
-        answer_kind: the extractor its completions are written for (see
-            :func:`render`; :meth:`rendering` gives the same engine for another).
+    ``data`` is a JSONL file (``{"id", "answers": [...]}`` per line, optional
+    ``prompt``/``question``, a prompt given as a string or as token ids) or the records
+    themselves. ``seed`` seeds the answer draws (a request's own ``seed`` overrides it);
+    ``latency`` is zero by default; ``sink`` gets its samples and latencies as upstream
+    ``replay``; ``answer_kind`` is the extractor its completions are written for
+    (:func:`render`; :meth:`rendering` gives the same engine for another).
 
     Raises:
         ValueError: unreadable data or a record without an answers list.
@@ -282,11 +259,8 @@ class ReplayEngine(Engine):
         self.delivers_each = self._continuous is not None
 
     def rendering(self, kind: str) -> Engine:
-        """This engine writing its answers for the ``kind`` extractor.
-
-        The view has no state of its own: jobs of different answer formats
-        draw from one engine and share its batch and counters.
-        """
+        """This engine writing its answers for the ``kind`` extractor: a view with no state of
+        its own, so jobs of different answer formats share one batch and its counters."""
         return _Rendering(self, kind)
 
     def load(self) -> EngineLoad:
@@ -326,13 +300,10 @@ class ReplayEngine(Engine):
             yield sample
 
     async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
-        """``request.n`` recorded answers rendered for ``kind``, each as its modelled time ends.
-
-        Under a step-cost profile each sample ends at its own time; otherwise
-        all of them end together, after the request's modelled delay. Every
-        request comes through here, from :meth:`generate`, :meth:`stream` or a
-        :meth:`rendering`: the place for a test double to hook.
-        """
+        """``request.n`` recorded answers rendered for ``kind``, each as its modelled time ends
+        (under a step-cost profile each its own; otherwise all together, after the request's
+        modelled delay). Every request comes through here, from :meth:`generate`,
+        :meth:`stream` or a :meth:`rendering`: the place for a test double to hook."""
         recorded = self._lookup(request)
         drawn = self._draw(request, recorded)
         self.stats.requests += 1

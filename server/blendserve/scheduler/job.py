@@ -93,19 +93,12 @@ class _AnswerSweeper:
 
 
 class Job:
-    """Runs one job; iterate :meth:`events` to drive it.
+    """Runs one job; iterate :meth:`events` to drive it. Closing the event iterator early (a
+    client that went away) cancels every in-flight engine request of the job.
 
-    Closing the event iterator early (a client that went away) cancels every
-    in-flight engine request of the job.
-
-    Args:
-        spec: questions, budget and settings.
-        engine: where samples come from.
-        keyer: turns a completion into ``(answer, key)``.
-        sink: where the job reports (None: where ``engine`` reports).
-        stragglers: when a sample in flight on an engine of unknown capacity stops
-            holding a slot (None: :class:`~blendserve.core.stragglers.Stragglers`'s
-            defaults).
+    ``sink`` defaults to where ``engine`` reports; ``stragglers`` says when a sample in
+    flight on an engine of unknown capacity stops holding a slot (None:
+    :class:`~blendserve.core.stragglers.Stragglers`'s defaults).
     """
 
     def __init__(
@@ -168,11 +161,8 @@ class Job:
         self._skipped: dict[int, int] = {}  # sample indices of stragglers that never came
 
     def abandon(self, q: int) -> None:
-        """Stops sampling question ``q`` (its caller went away) and cancels its requests.
-
-        The rest of the job goes on; ``q`` still gets an answer event from the
-        samples it has.
-        """
+        """Stops sampling question ``q`` (its caller went away) and cancels its requests; the
+        rest of the job goes on, and ``q`` still gets an answer event from its samples."""
         self._stop(q)
 
     def _stop(self, q: int) -> None:
@@ -183,11 +173,9 @@ class Job:
                 task.cancel()
 
     def cancel(self, reason: str) -> None:
-        """Ends the job now: no more samples, in-flight requests cancelled and refunded.
-
-        Every question still gets its answer (marked partial), and the job
-        ends with status ``CANCELLED`` and ``reason`` as its error.
-        """
+        """Ends the job now: no more samples, in-flight requests cancelled and refunded; every
+        question still gets its answer (partial), and the job ends ``CANCELLED`` with
+        ``reason`` as its error."""
         if self.status.finished or self._cancelled is not None:
             return
         self._cancelled = reason
@@ -244,13 +232,10 @@ class Job:
     def _complete(
         self, task: asyncio.Task[None], failures: FailureStreak, clock: Callable[[], float]
     ) -> int | None:
-        """Accounts one ended request and returns its question (None: accounted already).
-
-        Its samples came as they ended; those it did not deliver are refunded,
-        whether it was cancelled (abandoned, not a failure), returned too few,
-        or failed (an ``EngineError`` or an engine's bug: retried after a
-        backoff; the failure that ends the job cancels the rest).
-        """
+        """Accounts one ended request and returns its question (None: accounted already): the
+        samples it did not deliver are refunded, whether it was cancelled (not a failure),
+        returned too few, or failed (an ``EngineError`` or an engine's bug: retried after a
+        backoff; the failure that ends the job cancels the rest)."""
         request = self._in_flight.pop(task, None)
         if request is None:
             return None
@@ -365,7 +350,7 @@ class Job:
         await cancel_all(tasks)
 
     def _in_flight_limit(self) -> int:
-        """Samples the job may have in flight now (see the class docstring)."""
+        """Samples the job may have in flight now (docs/solve.md, "Samples in flight")."""
         policy = self.policy
         if policy.num_open == 1:  # nothing left to rank: only where it could stop
             return max(1, min(self._concurrency, policy.num_pending + policy.lone_runway()))
@@ -426,14 +411,11 @@ class Job:
     def _write_off_stragglers(self) -> None:
         """Has the policy hold the samples in flight that are stragglers, and leaves them running.
 
-        With no known capacity the engine may have room the job cannot see: a
-        sample out far longer than its peers (:mod:`blendserve.core.stragglers`)
-        then no longer holds one of the job's few slots, nor counts as a virtual
-        vote for its question, which may take another sample meanwhile. It
-        still votes if it comes while its question is open (:meth:`_take`),
-        and is cancelled once its question settles. Notes when the next
-        sample in flight would become a straggler, so that a job held at its
-        limit wakes then.
+        With no known capacity the engine may have room the job cannot see: a sample out far
+        longer than its peers (:mod:`blendserve.core.stragglers`) then holds none of the
+        job's few slots and is no virtual vote; it still votes if it comes while its question
+        is open (:meth:`_take`), and is cancelled once its question settles. Notes when the
+        next would become a straggler, so that a job held at its limit wakes then.
         """
         self._straggler_at = None
         after = self._stragglers.after()
@@ -475,12 +457,9 @@ class Job:
     def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int] | None:
         """The plan's next waves that fit in ``free`` sequences (the engine's, within the
         job's ``concurrency``); the rest waits for room. None: the first wave is over the
-        job's concurrency with nothing in flight, so no wave can go.
-
-        A question planned none has passed a round too: it catches up with the
-        question furthest on, so that waves planned for it later still end
-        within the job's ``max_rounds`` (however many times it was planned).
-        """
+        job's concurrency with nothing in flight, so no wave can go. A question planned none
+        has passed a round too: it catches up with the one furthest on, so that its later
+        waves still end within ``max_rounds`` (however many times it was planned)."""
         policy = self.policy
         rounds = self._rounds
         sizes: dict[int, int] = {}
@@ -554,12 +533,9 @@ class Job:
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False
     ) -> Iterator[AnswerEvent]:
-        """The answers of ``candidates`` that are final, each built as it is asked for.
-
-        When the budget runs out, or the job ends, thousands of answers may be
-        final at once: built one at a time, a consumer that yields to the event
-        loop between them never holds it for the whole burst.
-        """
+        """The answers of ``candidates`` that are final, each built as it is asked for: of the
+        thousands that may be final at once (the budget out, the job ended), a consumer that
+        yields to the event loop between them never holds it for the whole burst."""
         policy = self.policy
         for q in candidates:
             if self._answered[q] or policy.num_pending_of[q]:

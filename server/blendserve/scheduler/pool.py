@@ -1,23 +1,20 @@
 """An always-open pool of questions that each stop once confident (online self-consistency).
 
-A question joins at once (no grouping wait) and is sampled in waves of its
-stopping rule (:meth:`~blendserve.core.stopping.StoppingRule.wave_size`),
-each sample counted as it ends. It is answered as soon as its next votes are
-worth less than its client's price (the samples of its wave still running
-are then cancelled), at its cap, once its samples keep being cut at
-``max_tokens`` (``TRUNCATED_LIMIT`` since its last vote:
-``stopped="truncated"``, not counted in the pacing), or when its caller
-leaves (:meth:`Pool.cancel` ends them all at once with the answers they have:
-a shutdown past its grace).
+A question joins at once (no grouping wait) and is sampled in waves of its stopping rule
+(:meth:`~blendserve.core.stopping.StoppingRule.wave_size`), each sample counted as it
+ends (docs/decisions.md, "The stages of a question"). It is answered once its next votes
+are worth less than its client's price (its wave's samples still running are cancelled),
+at its cap, once its samples keep being cut at ``max_tokens`` (``TRUNCATED_LIMIT`` since
+its last vote: ``stopped="truncated"``, not paced), or when its caller leaves
+(:meth:`Pool.cancel` ends them all at once: a shutdown past its grace). One the prior
+stops where a wave past the programme's horizon would still have been worth its price
+says so (``stopped="horizon"``).
 
-Each client (:mod:`~blendserve.scheduler.clients`) learns from its own
-finished questions (:class:`~blendserve.core.online_rule.StreamLearning`)
-and keys with its own keyer. Waves of every open question share
-``concurrency`` samples in flight (:class:`~blendserve.scheduler.slots.Slots`):
-first waves go first, then the least sure questions. What the waves are
-planned with is built off the event loop (:mod:`~blendserve.scheduler.priors`).
-A question the prior stops where a wave past the programme's horizon would
-still have been worth its price says so (``stopped="horizon"``).
+Each client (:mod:`~blendserve.scheduler.clients`) learns from its own finished questions
+and keys with its own keyer. Waves of every open question share ``concurrency`` samples
+in flight (:class:`~blendserve.scheduler.slots.Slots`), first waves first, then the least
+sure; what they are planned with is built off the event loop
+(:mod:`~blendserve.scheduler.priors`).
 """
 
 from __future__ import annotations
@@ -57,22 +54,14 @@ __all__ = ["IDLE_CLIENT_S", "SHARED_CLIENT", "Pool", "PoolSpec"]
 class PoolSpec:
     """What the questions of one pool share.
 
-    Attributes:
-        budget_per_question: mean samples per question the price is paced to
-            (also the unit of the cap); None with ``target``.
-        target: a fixed price (a quality target: stop at ``P[p1 < p2] <= target``).
-        sampling: sampling parameters of every request.
-        model: upstream model name.
-        score: the uncertainty thresholded (``asc`` or ``ppr``).
-        cap: a question's cap, a multiple of the budget (and at most 48 beyond it).
-        max_cap: with a quality target, the cap in samples.
-        concurrency: samples in flight for the whole pool.
-        max_samples_per_request: largest ``n`` of one engine request.
-        max_rounds: waves per question at most (0: no bound): its last wave
-            takes all it is expected to need to reach the price.
-        request_timeout: seconds per engine request (None: the engine's default).
-        max_consecutive_failures: engine failures in a row that end a question.
-        failure_timeout: as a job's (:class:`~blendserve.scheduler.failures.FailureStreak`).
+    ``budget_per_question`` is the mean the price is paced to and the unit of ``cap`` (a
+    question's cap, at most 48 samples beyond the budget); None with ``target``, a fixed
+    price (stop at ``P[p1 < p2] <= target``), where ``max_cap`` is the cap in samples.
+    ``concurrency`` bounds the whole pool's samples in flight; ``max_rounds`` a question's
+    waves (0: no bound), its last taking all it is expected to need.
+    ``max_consecutive_failures`` in a row end a question, with ``failure_timeout`` as a
+    job's (:class:`~blendserve.scheduler.failures.FailureStreak`); ``request_timeout`` is
+    in seconds (None: the engine's default).
     """
 
     budget_per_question: float | None = 8.0
@@ -119,18 +108,11 @@ class _Open:
 class Pool:
     """Runs questions of one :class:`PoolSpec` as they arrive.
 
-    Args:
-        spec: what the questions share.
-        engine: where samples come from.
-        keyer: turns a completion into ``(answer, key)``.
-        name: the pool's name in its reports.
-        sink: where the pool reports (None: where ``engine`` reports).
-        client_keyer: makes each client's keyer, so that clients take turns at
-            the sympy workers (None: every client keys with ``keyer``).
-        max_clients: clients with no open question beyond this many are
-            forgotten, oldest first (their learning restarts if they come back).
-        idle_client_s: a client with no open question not seen for this long is
-            forgotten (None: :data:`IDLE_CLIENT_S`).
+    ``sink`` defaults to where ``engine`` reports. ``client_keyer`` makes each client's
+    keyer, so that clients take turns at the sympy workers (None: all key with ``keyer``).
+    Clients with no open question are forgotten beyond ``max_clients`` (oldest first), or
+    once not seen for ``idle_client_s`` (None: :data:`IDLE_CLIENT_S`); their learning
+    restarts if they come back.
     """
 
     def __init__(
@@ -173,11 +155,8 @@ class Pool:
         self.num_rounds = 0
 
     def submit(self, question: Question, client: str = SHARED_CLIENT) -> asyncio.Task[AnswerEvent]:
-        """Adds a question of ``client`` at once; the task ends with its answer.
-
-        Cancelling the task (the caller left) stops the question's samples;
-        it then does not count towards the pacing.
-        """
+        """Adds a question of ``client`` at once; the task ends with its answer. Cancelling it
+        (the caller left) stops its samples, and it then does not count towards the pacing."""
         loop = asyncio.get_running_loop()
         if self._fresh is None:
             task = loop.create_task(self._run_started(question, client, self._cancels))
@@ -255,12 +234,9 @@ class Pool:
         return self.mean_samples / budget - 1.0
 
     def cancel(self, reason: str) -> None:
-        """Ends every open question now with the samples it has, as a cancelled job's.
-
-        Their requests in flight are cancelled; each question's task ends with
-        its answer, marked partial (not counted towards the pacing). Questions
-        submitted later run as usual. ``reason`` is for the log of a caller.
-        """
+        """Ends every open question now with the samples it has, as a cancelled job's: its
+        requests cancelled, its task ending with its answer marked partial (not paced).
+        Questions submitted later run as usual; ``reason`` is for the log of a caller."""
         self._cancels += 1  # questions still waiting for the pool's start price too
         for state in self._open:
             state.cut = True
@@ -370,13 +346,10 @@ class Pool:
         return self._answer(state, partial=True, capped=False)
 
     async def _wave(self, state: _Open, wave: int, rule: StoppingRule, log_price: float) -> None:
-        """Requests ``wave`` samples once the pool has room, counting each vote as it ends.
-
-        Once the question stops at ``log_price`` whatever the samples still
-        running bring (:meth:`StoppingRule.is_done_whatever_comes`), those samples are
-        cancelled: its answer and its stop are the wave's, and their slots go
-        to other questions at once.
-        """
+        """Requests ``wave`` samples once the pool has room, counting each vote as it ends; once
+        the question stops at ``log_price`` whatever those still running bring
+        (:meth:`StoppingRule.is_done_whatever_comes`), they are cancelled and their slots go
+        to other questions at once."""
         # Every question's first wave goes first, then the least sure questions.
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))

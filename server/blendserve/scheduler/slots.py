@@ -11,11 +11,7 @@ __all__ = ["Slots"]
 
 class Slots:
     """``size`` samples in flight at once; a wave that does not fit waits, the lowest
-    ``priority`` first (then the first to ask).
-
-    Args:
-        size: samples in flight at most.
-    """
+    ``priority`` first (then the first to ask)."""
 
     def __init__(self, size: int) -> None:
         self.free = size

@@ -21,15 +21,12 @@ async def deliver(
 ) -> None:
     """Hands each sample of ``request`` to ``put`` as it ends; cancelled, the rest stop.
 
-    The one ledger of samples in flight: the request's ``n`` are reported to
-    ``sink`` as in flight when it starts, each one less as it is handed over,
-    and the rest when it ends, however it ends (the engine counts its own the
-    same way, :meth:`Engine.counted_stream
-    <blendserve.engines.base.Engine.counted_stream>`). A sample a job no longer
-    waits for (a straggler refunded to its policy) is in flight until it comes
-    or its request ends. Each sample's tokens are reported to ``sink`` as the
-    engine hands it over, whether or not it comes to vote: the engine made it
-    (its question may have settled, or its job ended, while it was on its way).
+    The one ledger of samples in flight: ``sink`` counts the request's ``n`` in flight when
+    it starts, one less as each is handed over and the rest when it ends, however it ends
+    (as :meth:`Engine.counted_stream <blendserve.engines.base.Engine.counted_stream>` counts
+    the engine's); a straggler a job no longer waits for stays in flight until it comes or
+    its request ends. Each sample's tokens are reported as it is handed over, voting or
+    not: the engine made it.
     """
     left = request.n
     sink.in_flight(left)
@@ -57,15 +54,10 @@ async def drain(queue: asyncio.Queue[T]) -> list[T]:
 async def merged(
     engine: Engine, requests: Sequence[GenerateRequest], sink: Stats
 ) -> AsyncGenerator[list[Sample], None]:
-    """The samples of ``requests`` as they end, whichever request each belongs to.
-
-    Each item holds every sample that had ended when it was asked for (at
-    least one): a caller that stops after an item has used all it paid for.
-    The first request to fail raises here once the samples that ended before
-    it were handed over; closing the generator early cancels every request
-    still running. Samples in flight and tokens are reported to ``sink`` as
-    :func:`deliver` does.
-    """
+    """The samples of ``requests`` as they end, each item every sample ended by then (at
+    least one): a caller that stops after an item has used all it paid for. The first
+    request to fail raises once the samples that ended before it were handed over; closing
+    early cancels every request still running. ``sink`` is told as by :func:`deliver`."""
     arrivals: asyncio.Queue[Sample | BaseException | None] = asyncio.Queue()
 
     async def pump(request: GenerateRequest) -> None:

@@ -1,10 +1,8 @@
 """Online self-consistency on a stream of recorded questions, as the service runs it.
 
-Questions arrive one at a time in a seeded random order (a client at
-concurrency 1); each is sampled in waves of :meth:`StoppingRule.wave_size`
-until it stops, and the stream learns from each finished question what a
-``/v1`` pool learns (:class:`~blendserve.core.online_rule.StreamLearning`):
-the price, how flat its answers are, how contested its questions are.
+Questions arrive one at a time in a seeded random order (a client at concurrency 1), each
+sampled in waves of :meth:`StoppingRule.wave_size` until it stops; the stream learns from
+each what a ``/v1`` pool learns (:class:`~blendserve.core.online_rule.StreamLearning`).
 The method's spec reads
 ``online[:score=asc,cap=16,target=0.01,growth=0,extra=48,first=0.5,rounds=4,plan=bayes]``.
 """
@@ -26,14 +24,9 @@ __all__ = ["OnlineRun", "run_online"]
 
 @dataclass
 class OnlineRun:
-    """One pass over the stream.
-
-    Attributes:
-        num_wrong: questions whose voted answer is not the true mode.
-        samples: per question (in stream order), samples spent.
-        rounds: per question, waves of samples requested.
-        log_prices: per question, the price it started under.
-    """
+    """One pass over the stream: ``num_wrong`` questions whose voted answer is not the true
+    mode, and per question (in stream order) the samples spent, the waves (``rounds``)
+    requested and the log price it started under."""
 
     num_wrong: int
     samples: NDArray[np.int64]
@@ -48,15 +41,8 @@ class OnlineRun:
 def run_online(
     dataset: Dataset, rule: OnlineRule, budget_per_question: float, seed: int
 ) -> OnlineRun:
-    """Streams every question of ``dataset`` once, in a seeded random order.
-
-    Args:
-        dataset: the questions and their true distributions.
-        rule: score, cap, waves and optional fixed target.
-        budget_per_question: the mean spend the threshold is paced to (also
-            the unit of the cap).
-        seed: seeds the order and the answer draws.
-    """
+    """Streams every question of ``dataset`` once, in an order and with answer draws that
+    ``seed`` seeds, paced to ``budget_per_question`` (also the unit of the cap)."""
     learning = StreamLearning(rule, budget_per_question, rule.price(budget_per_question))
     price = learning.price
     draws = AnswerDraws(dataset, seed)

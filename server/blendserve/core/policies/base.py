@@ -25,38 +25,21 @@ _CHOSEN = 8  # dispatched in the current select() call (max_in_flight > 1 only)
 class AllocationPolicy(ABC):
     """Decides which questions receive the next samples of one total budget.
 
-    Protocol: ``select(k)`` returns up to ``k`` distinct question indices and
-    counts one dispatched sample for each (the budget is charged at dispatch
-    and never exceeded); each dispatched sample is later either recorded with
-    ``observe(q, key)`` or refunded with ``cancel(q)``. A question with a
-    sample in flight is not selected again until it completes (or, with
-    ``max_in_flight > 1``, while it has that many in flight).
+    ``select(k)`` returns up to ``k`` distinct questions and charges one sample to each (the
+    ``budget``, at least one per question, is charged at dispatch and never exceeded); each
+    is later recorded with ``observe(q, key)`` or refunded with ``cancel(q)``. A question
+    is not selected while it has ``max_in_flight`` samples in flight (1 in the simulator; a
+    scheduler raises it so that a question the ranking still puts first can take several in
+    one request). A sample a scheduler stops waiting for (a straggler) is held
+    (:meth:`hold`): no longer pending, it keeps its budget until it comes
+    (:meth:`take_held`) or never will (:meth:`release`).
 
-    A scheduler that stops waiting for a sample still running (a straggler)
-    :meth:`hold` s it: it is no longer pending, but keeps its budget until it
-    comes (:meth:`take_held`) or never will (:meth:`release`).
-
-    Every question first gets one sample, in index order, before any question
-    gets a second. A question is ranked by :meth:`rank_state`, which, when a
-    question may have several samples in flight (``max_in_flight > 1``),
-    counts each of its pending samples as a vote for its current leader
-    ("virtual votes", as parallel tree search uses virtual loss): a question
-    with samples in flight is chosen again only if it still ranks first once
-    its pending samples are assumed to confirm it. A question whose PPR-1v1
-    uncertainty falls to ``settle_delta`` is settled: it gets no more samples
-    (``settle_delta=0`` disables settling).
-
-    Args:
-        num_questions: questions in the job.
-        budget: total samples, at least one per question.
-        settle_delta: PPR-1v1 error at which a question stops; 0 never settles.
-        cap: skip questions holding more than ``cap`` times the mean samples
-            per question (None: no cap).
-        seed: seeds the random tie-break.
-        max_in_flight: samples of one question that may be in flight at once
-            before it stops being selectable (1 in the simulator; a scheduler
-            raises it so that a question the ranking still puts first, virtual
-            votes included, can take several samples in one request).
+    Every question first gets one sample, in index order, before any gets a second; then
+    :meth:`rank_state` ranks them, each pending sample counting as a vote for its
+    question's leader ("virtual votes", as parallel tree search uses virtual loss). A
+    question whose PPR-1v1 uncertainty falls to ``settle_delta`` settles (0: never); with a
+    ``cap``, one holding more than ``cap`` times the mean samples per question is skipped.
+    ``seed`` seeds the random tie-break.
     """
 
     #: Short name used by the simulator and the service.
@@ -153,12 +136,9 @@ class AllocationPolicy(ABC):
         return 1 if self.stops_early else self.num_remaining
 
     def rank_state(self, q: int) -> tuple[int, int, int]:
-        """``(n1, n2, K)`` that ranks ``q``: its votes plus one per pending sample for its leader.
-
-        A question with pending samples and no vote yet ranks as one answer
-        seen ``num_pending`` times. With ``max_in_flight == 1`` a pending
-        question cannot be chosen, and it ranks by its votes alone.
-        """
+        """``(n1, n2, K)`` that ranks ``q``: its votes plus one per pending sample for its leader
+        (with no vote yet, one answer seen ``num_pending`` times). With ``max_in_flight == 1``
+        a pending question cannot be chosen, and it ranks by its votes alone."""
         votes = self.votes
         num_pending = self.num_pending_of[q]
         if num_pending == 0 or self.max_in_flight == 1:
@@ -166,15 +146,8 @@ class AllocationPolicy(ABC):
         return votes.n1[q] + num_pending, votes.n2[q], max(1, votes.num_distinct[q])
 
     def select(self, k: int = 1) -> list[int]:
-        """Chooses up to ``k`` distinct questions for the next samples.
-
-        Args:
-            k: how many samples to dispatch now (a batch).
-
-        Returns:
-            Question indices, best first; fewer than ``k`` (possibly none) when
-            the budget or the selectable questions run out.
-        """
+        """Chooses up to ``k`` distinct questions for the next samples, best first; fewer
+        (possibly none) when the budget or the selectable questions run out."""
         num_left = self.budget - self.num_dispatched
         if k > num_left:
             k = num_left
@@ -198,22 +171,14 @@ class AllocationPolicy(ABC):
         return chosen
 
     def plan_waves(self, plan: WavePlan, rounds: Sequence[int]) -> dict[int, int]:
-        """The next wave of each question with none in flight (question -> samples), by ``plan``.
-
-        Only for a policy with ``plans_waves``; ``rounds``: waves each question has had.
-        """
+        """The next wave of each question with none in flight (question -> samples), by ``plan``
+        and the waves each question has had (``rounds``); for ``plans_waves`` only."""
         raise NotImplementedError(f"{self.name} does not plan waves")
 
     def assign(self, q: int, k: int) -> int:
-        """Dispatches up to ``k`` samples of ``q`` chosen by a plan, not by the ranking.
-
-        For a wave plan (:class:`~blendserve.core.waves.WavePlan`): the budget
-        is charged as by :meth:`select`, never beyond it, and never for a
-        finished question.
-
-        Returns:
-            The samples dispatched (0 when ``q`` is finished or the budget is out).
-        """
+        """Dispatches up to ``k`` samples of ``q`` chosen by a wave plan, not by the ranking, and
+        returns how many: charged as by :meth:`select`, never beyond the budget, and none for
+        a finished question."""
         k = min(k, self.budget - self.num_dispatched)
         if k <= 0 or self._flags[q] & _FINISHED:
             return 0
@@ -226,11 +191,8 @@ class AllocationPolicy(ABC):
         return k
 
     def observe(self, q: int, key: Hashable | None) -> None:
-        """Records a completed sample of ``q`` with canonical answer ``key``.
-
-        ``key=None`` is a sample with no extractable answer: it is spent but
-        does not vote.
-        """
+        """Records a completed sample of ``q`` with canonical answer ``key`` (None: no
+        extractable answer, spent but no vote)."""
         self._num_pending -= 1
         num_pending = self.num_pending_of[q] = self.num_pending_of[q] - 1
         self.votes.add(q, key)
@@ -261,13 +223,9 @@ class AllocationPolicy(ABC):
             self._clear(q, _PENDING)
 
     def hold(self, q: int, n: int) -> None:
-        """``n`` pending samples of ``q`` stop being pending, still charged to it (stragglers).
-
-        They no longer hold a slot or count as virtual votes, and ``q`` may take
-        other samples meanwhile; they stay among its samples assigned (``q`` is
-        sampled, and their budget is spent) until each comes (:meth:`take_held`)
-        or is known never to (:meth:`release`).
-        """
+        """``n`` pending samples of ``q`` stop being pending, still assigned and charged to it
+        (stragglers): they hold no slot and are no virtual votes, and ``q`` may take others
+        meanwhile, until each comes (:meth:`take_held`) or never will (:meth:`release`)."""
         if not 0 <= n <= self.num_pending_of[q]:
             raise ValueError(f"cannot hold {n} of the {self.num_pending_of[q]} samples pending")
         self._num_pending -= n
@@ -278,12 +236,8 @@ class AllocationPolicy(ABC):
             self._clear(q, _PENDING)
 
     def take_held(self, q: int) -> bool:
-        """A held sample of ``q`` came: pending again, to be observed.
-
-        Returns:
-            False where ``q`` is finished (settled or stopped) and takes no more
-            samples: this one was spent for nothing.
-        """
+        """A held sample of ``q`` came: pending again, to be observed; False where ``q`` is
+        finished (settled or stopped) and takes no more: this one was spent for nothing."""
         self._unhold(1)
         if self._flags[q] & _FINISHED:
             return False
@@ -350,10 +304,8 @@ class AllocationPolicy(ABC):
 
     @abstractmethod
     def _choose(self, k: int) -> list[int]:
-        """Takes up to ``k`` distinct selectable questions, best first, out of the selectable set.
-
-        They are dispatched next; ``_on_selectable(q, False)`` is not called for them.
-        """
+        """Takes up to ``k`` distinct selectable questions, best first, out of the selectable
+        set, to be dispatched next (``_on_selectable(q, False)`` is not called for them)."""
 
     @abstractmethod
     def _has_selectable(self) -> bool:
@@ -366,11 +318,9 @@ class AllocationPolicy(ABC):
         """Hook: :meth:`rank_state` of ``q`` may have changed (a sample dispatched or refunded)."""
 
     def _on_vote(self, q: int, key: Hashable | None, selectable: bool) -> None:
-        """Hook: one sample of ``q`` was observed (its vote and its pending count changed).
-
-        ``selectable``: ``q`` has just become selectable, and this hook stands
-        for ``_on_selectable(q, True)`` (policies may do both in one step).
-        """
+        """Hook: one sample of ``q`` was observed (its vote and its pending count changed);
+        with ``selectable`` it has just become selectable, and this stands for
+        ``_on_selectable(q, True)`` (policies may do both in one step)."""
         if selectable:
             self._on_selectable(q, True)
         else:

@@ -1,15 +1,13 @@
 """The default batch policy: each sample where it is worth most, under how contested the
-batch's own questions are.
+batch's own questions are (docs/policies.md, "The default policy").
 
-ASC and PPR-1v1 rank a question whose first samples agree by chance as sure,
-and starve it; on flat answer distributions that makes them err more than
-plain self-consistency at the same spend. The default (``rank="value"``)
-fits the batch's prior once every question has ``probe`` samples
-(:class:`~blendserve.core.worth.VoteWorth`) and gives each sample, or each
-wave (:meth:`HedgePolicy.plan_waves`), where it is expected to lower the
-chance of a wrong answer most. ``rank="asc"`` instead gives every question a
-uniform floor sized by the batch's flatness, then ranks by ASC. A budget is
-a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most ``stop``.
+ASC and PPR-1v1 rank a question whose first samples agree by chance as sure, and starve
+it: on flat answer distributions they err more than plain self-consistency at the same
+spend. The default (``rank="value"``) fits the batch's prior once every question has
+``probe`` samples (:class:`~blendserve.core.worth.VoteWorth`) and gives each sample, or
+wave, where it is expected to lower the chance of a wrong answer most; ``rank="asc"``
+gives every question a uniform floor sized by the batch's flatness, then ranks by ASC. A
+budget is a ceiling: a question stops once ASC's ``P[p1 < p2]`` is at most ``stop``.
 """
 
 from __future__ import annotations
@@ -42,22 +40,14 @@ _FLOOR_PRIORITY = -1e12
 
 
 class HedgePolicy(PriorityPolicy):
-    """Each sample where it is worth most under a prior learned from the batch's votes (or
-    ASC over a uniform floor the batch's first samples size).
+    """Each sample (and wave) where it is worth most under a prior learned from the batch's
+    votes (``rank="value"``), or by ASC over a uniform floor (``rank="asc"``).
 
-    Args:
-        num_questions: questions in the job.
-        budget: total samples.
-        probe: samples every question gets first; their disagreement sets the cap
-            (and the floor with ``rank="asc"``).
-        floor: a fixed floor share of the mean budget (None: none with
-            ``rank="value"``, learned from the probe with ``rank="asc"``).
-        stop: ASC ``P[p1 < p2]`` at which a question stops (0: never).
-        cap: skip questions holding more than ``cap`` times the mean samples
-            (``"auto"``: from the probe, see :func:`~blendserve.core.flatness.cap_multiple`).
-        rank: rank (and plan waves) by the learned value of a sample (``"value"``)
-            or by ASC over the floor (``"asc"``).
-        **kwargs: as for :class:`AllocationPolicy`.
+    Every question first gets ``probe`` samples; their disagreement sets the cap (with
+    ``cap="auto"``: :func:`~blendserve.core.flatness.cap_multiple`). ``floor`` is a fixed
+    floor share of the mean budget (None: none with ``rank="value"``, learned from the
+    probe with ``rank="asc"``); ``stop`` the ASC ``P[p1 < p2]`` at which a question stops
+    (0: never); the rest as for :class:`AllocationPolicy`.
     """
 
     name = "hedge"
@@ -136,19 +126,13 @@ class HedgePolicy(PriorityPolicy):
     def plan_waves(self, plan: WavePlan, rounds: Sequence[int]) -> dict[int, int]:
         """The next wave of each question with none in flight: question -> samples.
 
-        First every question's first wave; once all of them are back (the
-        batch's flatness sets the cap, and the floor with ``rank="asc"``), the
-        remaining budget split by :meth:`WavePlan.allocate` over the open
-        questions' further samples, by their value (or ASC's expected
-        uncertainty), each question sending its step of it. A question that
-        has had ``plan.max_rounds`` waves is stopped. A question with none in
-        flight that is sure enough for now is planned 0 samples: its round
-        passes. Empty: nothing to send until samples in flight come back (or
-        nothing at all).
-
-        Args:
-            plan: the wave plan.
-            rounds: waves each question has had.
+        First every question's first wave; once all are back (the batch's flatness sets the
+        cap, and the floor with ``rank="asc"``), the remaining budget split by
+        :meth:`WavePlan.allocate` over the open questions' further samples, by their value
+        (or ASC's expected uncertainty), each question sending its step of it. A question
+        that has had ``plan.max_rounds`` waves (``rounds``: each question's) is stopped; one
+        sure enough for now is planned 0 samples (its round passes). Empty: nothing to send
+        until samples in flight come back (or nothing at all).
         """
         mean = self.budget / self.num_questions
         if self.disagreement is None:
