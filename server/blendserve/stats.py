@@ -83,11 +83,12 @@ class Stats:
         """
 
     def pool_answered(
-        self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
+        self, pool: str, rounds: int, price: float, mean_samples: float, pacing_error: float
     ) -> None:
         """A paced question of ``pool`` was answered after ``rounds`` waves of engine requests.
 
-        ``tau`` is its client's threshold now (each client is paced alone),
+        ``price`` is its client's price now (each client is paced alone; the
+        metric keeps its name, ``online_tau``),
         ``mean_samples`` the pool's running mean samples per question (every
         client's), and ``pacing_error`` that mean over the pool's budget, minus 1.
         """

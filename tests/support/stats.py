@@ -74,9 +74,9 @@ class RecordingStats(Stats):
         self.calls.append(("answered", (samples, share, ppr, settled_early)))
 
     def pool_answered(
-        self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
+        self, pool: str, rounds: int, price: float, mean_samples: float, pacing_error: float
     ) -> None:
-        self.calls.append(("pool_answered", (pool, rounds, tau, mean_samples, pacing_error)))
+        self.calls.append(("pool_answered", (pool, rounds, price, mean_samples, pacing_error)))
 
     def pool_dropped(self, pool: str) -> None:
         self.calls.append(("pool_dropped", (pool,)))

@@ -77,11 +77,11 @@ class PrometheusStats(Stats):
         metrics.ANSWERS.labels(str(settled_early).lower()).inc()
 
     def pool_answered(
-        self, pool: str, rounds: int, tau: float, mean_samples: float, pacing_error: float
+        self, pool: str, rounds: int, price: float, mean_samples: float, pacing_error: float
     ) -> None:
         """Observes the question's rounds and sets the pool's pacing gauges."""
         metrics.ONLINE_ROUNDS.labels(pool).observe(rounds)
-        metrics.ONLINE_TAU.labels(pool).set(tau)
+        metrics.ONLINE_TAU.labels(pool).set(price)
         metrics.ONLINE_MEAN_SAMPLES.labels(pool).set(mean_samples)
         metrics.ONLINE_PACING_ERROR.labels(pool).set(pacing_error)
         metrics.ONLINE_QUESTIONS.labels(pool).inc()

@@ -1,7 +1,7 @@
 """The drop-in's default: each question joins an always-open pool and stops once confident.
 
 One pool per (model, answer format, sampling parameters, budget or quality
-target), each client's ``tau`` in it paced to the budget; requests join at
+target), each client's price in it paced to the budget; requests join at
 once, with no grouping wait. A pool with no open question, unused for its
 idle time, is dropped.
 """

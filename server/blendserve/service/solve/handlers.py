@@ -48,7 +48,7 @@ _CHUNK = 1000
 async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
     """The job for a validated request, made with the service's engine and defaults.
 
-    With ``confidence``: a pool of its own whose ``tau`` is ``1 - confidence``. A
+    With ``confidence``: a pool of its own at the fixed price ``1 - confidence``. A
     large request is built a chunk of questions at a time, yielding to the event
     loop in between, so that large requests arriving together take turns with
     ``/health``.

@@ -1,4 +1,4 @@
-"""``/solve`` with a quality target: the batch's questions in a pool of a fixed ``tau``.
+"""``/solve`` with a quality target: the batch's questions in a pool at a fixed price.
 
 Each question stops once ASC's ``P[p1 < p2]`` is at most ``1 - confidence``
 (or at its cap), whatever the others spend; answers come out as they settle,
