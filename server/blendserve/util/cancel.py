@@ -8,7 +8,7 @@ that nothing outlives the call that started it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["DeadlinePassed", "all_or_cancel", "cancel_all", "within"]
@@ -32,8 +32,16 @@ async def cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
             task.exception()  # retrieved: it is superseded by the error being raised
 
 
-async def within(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+async def within(
+    coro: Coroutine[Any, Any, _T],
+    timeout: float,
+    orphaned: Callable[[_T], object] | None = None,
+) -> _T:
     """Awaits ``coro`` for at most ``timeout`` seconds, then cancels it.
+
+    ``orphaned`` is given the result of a ``coro`` that ended in the step this
+    call was cancelled in: the result exists, but the cancelled caller never
+    gets it (an upstream's samples, made and billed).
 
     Raises:
         DeadlinePassed: the deadline passed first.
@@ -46,6 +54,8 @@ async def within(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
         done, _ = await asyncio.wait((task,), timeout=timeout)
     except BaseException:
         await cancel_all([task])
+        if orphaned is not None and not task.cancelled() and task.exception() is None:
+            orphaned(task.result())
         raise
     if not done:
         await cancel_all([task])

@@ -22,7 +22,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -195,6 +195,12 @@ class OpenAIEngine(Engine, PassThrough):
             UpstreamRejected: a status that is not retried (a 4xx other than 429).
             InvalidRequest: ``params.extra`` sets ``n``, ``seed`` or ``stream``.
         """
+        return await self._call(request)
+
+    async def _call(
+        self, request: GenerateRequest, orphaned: Callable[[list[Sample]], object] | None = None
+    ) -> list[Sample]:
+        """:meth:`generate`; ``orphaned`` gets the samples of a call cancelled as they came."""
         if self._upstreams.closed:
             raise EngineUnavailable("the engine is closed")
         if self.capacity is not None or self.cost is not None:
@@ -203,7 +209,7 @@ class OpenAIEngine(Engine, PassThrough):
         timeout = self._timeout if request.timeout is None else request.timeout
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            return await within(self._generate(request, body, deadline), timeout)
+            return await within(self._generate(request, body, deadline), timeout, orphaned)
         except DeadlinePassed as exc:
             raise EngineTimeout(f"no {request.n} samples within {timeout:g} s") from exc
 
@@ -229,8 +235,9 @@ class OpenAIEngine(Engine, PassThrough):
             params = dataclasses.replace(request.params, seed=seed)
             return dataclasses.replace(request, n=1, params=params)
 
+        # A single cancelled in the step its samples came still made them: they are counted.
         tasks = [
-            asyncio.ensure_future(self.generate(single(request, seed)))
+            asyncio.ensure_future(self._call(single(request, seed), self._never_handed))
             for seed in self._seeds(request.params.seed, 0, request.n)
         ]
         handed: list[list[Sample]] = []
