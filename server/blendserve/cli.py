@@ -9,6 +9,7 @@ from blendserve_client import cli as solve_command
 
 from blendserve import __version__
 from blendserve.engines.calibration import command as calibrate_command
+from blendserve.recordings import command as record_command
 from blendserve.service import command as serve_command
 from blendserve.sim import command as simulate_command
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     solve_command.add_parser(subparsers)
     simulate_command.add_parser(subparsers)
     calibrate_command.add_parser(subparsers)
+    record_command.add_parser(subparsers)
     return parser
 
 

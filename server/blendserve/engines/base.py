@@ -14,6 +14,7 @@ from blendserve.core.answers.thoughts import (
     Thought,
     read_thought,
 )
+from blendserve.core.signals import Confidence, ConfidenceSpec
 from blendserve.errors import EngineDown
 from blendserve.stats import NO_STATS, Stats
 
@@ -72,7 +73,8 @@ class GenerateRequest:
     """``n`` samples for one prompt: exactly one of ``prompt`` (completions mode: text, or
     token ids as vLLM takes them) and ``messages`` (chat mode) is set. ``question_id``
     serves replica affinity and replay lookup; ``model`` and ``timeout`` (seconds for the
-    whole call) None: the engine's default."""
+    whole call) None: the engine's default. ``confidence``: read each sample's confidence
+    from its tokens' logprobs, as the spec says (None: no logprobs are asked for)."""
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
@@ -81,6 +83,7 @@ class GenerateRequest:
     model: str | None = None
     question_id: str | None = None
     timeout: float | None = None
+    confidence: ConfidenceSpec | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -98,6 +101,9 @@ class Sample:
     split out, though ``text`` may hold one, see :meth:`thought`). ``prompt_tokens`` are
     its request's; ``completion_tokens`` include the thought's, which ``reasoning_tokens``
     counts where the upstream does. ``upstream`` names the URL or engine that served it.
+    ``stop_reason`` is the stop string or token id that ended it, where the upstream says
+    (vLLM; None at the end-of-sequence token); ``confidence`` is read from its logprobs
+    where its request asked for them (:mod:`blendserve.core.signals`).
     """
 
     text: str
@@ -107,6 +113,8 @@ class Sample:
     upstream: str
     reasoning: str | None = None
     reasoning_tokens: int | None = None
+    stop_reason: str | None = None
+    confidence: Confidence | None = None
 
     def thought(self, tags: ReasoningTags = DEFAULT_REASONING_TAGS) -> Thought:
         """This sample as a thought and a final answer, however the model and upstream wrote it.

@@ -247,11 +247,13 @@ class HttpPool:
         headers: Sequence[tuple[str, str]] = (),
         sending: Callable[[], None] | None = None,
         max_pieces: int | None = None,
+        top_logprobs: int | None = None,
     ) -> httpx2.Response:
         """POSTs a JSON body to ``base + path``, with ``headers`` besides the pool's; read in full.
 
         With ``collect_stream``, a 2xx event stream is read event by event into the
-        equivalent non-streamed response, failed past ``max_pieces`` pieces of text.
+        equivalent non-streamed response, failed past ``max_pieces`` pieces of text, its
+        tokens' confidences read from their ``top_logprobs`` (see ``collect_events``).
         ``sending`` is called once a connection takes the request (never on a pool
         timeout; maybe more than once, when a connection turns it away).
 
@@ -268,7 +270,7 @@ class HttpPool:
             headers=[*self._post_headers[base], *headers] if headers else self._post_headers[base],
             extensions=extensions,
         )
-        return await self._send(base, request, collect_stream, max_pieces=max_pieces)
+        return await self._send(base, request, collect_stream, None, max_pieces, top_logprobs)
 
     async def open(
         self, base: str, path: str, body: bytes, read_timeout: float
@@ -357,6 +359,7 @@ class HttpPool:
         collect_stream: bool = False,
         patience: float | None = None,
         max_pieces: int | None = None,
+        top_logprobs: int | None = None,
     ) -> httpx2.Response:
         shard = await self._take(base, request, patience)
         try:
@@ -374,7 +377,7 @@ class HttpPool:
                     if collect_stream and raw.is_success:
                         # Closing mid-stream (cancellation) makes the upstream stop generating.
                         async with contextlib.aclosing(server_events(chunks)) as events:
-                            payload = await collect_events(events, max_pieces)
+                            payload = await collect_events(events, max_pieces, top_logprobs)
                         response = httpx2.Response(200, json=payload)
                     else:
                         content = b"".join([c async for c in chunks])

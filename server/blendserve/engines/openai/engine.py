@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import httpx2
 
+from blendserve.core.signals import ConfidenceSpec
 from blendserve.engines._retry import RetryPolicy, Throttles, exhausted
 from blendserve.engines.base import (
     Engine,
@@ -269,13 +270,15 @@ class OpenAIEngine(Engine, PassThrough):
         path = CHAT if request.messages is not None else COMPLETIONS
         key = request.question_id
         seed = request.params.seed
+        spec = request.confidence
         if n > 1 and self._send_singles(key):
-            samples = await self._fan_out(path, body, key, self._seeds(seed, 0, n), deadline)
+            seeds = self._seeds(seed, 0, n)
+            samples = await self._fan_out(path, body, key, seeds, deadline, spec)
         else:
-            samples = await self._fetch(path, body, n, seed, key, deadline)
+            samples = await self._fetch(path, body, n, seed, key, deadline, spec)
             if len(samples) < n:
                 seeds = self._seeds(seed, len(samples), n - len(samples))
-                samples += await self._fan_out(path, body, key, seeds, deadline)
+                samples += await self._fan_out(path, body, key, seeds, deadline, spec)
         if self._stream and not all(s.prompt_tokens for s in samples):
             count = await self._upstreams.prompt_tokens(path, body, key)
             if count is not None:
@@ -297,10 +300,16 @@ class OpenAIEngine(Engine, PassThrough):
         return self._rng.sample(range(_SEED_SPACE), count)
 
     async def _fan_out(
-        self, path: str, body: dict[str, Any], key: str | None, seeds: list[int], deadline: float
+        self,
+        path: str,
+        body: dict[str, Any],
+        key: str | None,
+        seeds: list[int],
+        deadline: float,
+        spec: ConfidenceSpec | None,
     ) -> list[Sample]:
         results = await all_or_cancel(
-            [self._fetch(path, body, 1, seed, key, deadline) for seed in seeds]
+            [self._fetch(path, body, 1, seed, key, deadline, spec) for seed in seeds]
         )
         return [sample for result in results for sample in result]
 
@@ -312,8 +321,10 @@ class OpenAIEngine(Engine, PassThrough):
         seed: int | None,
         key: str | None,
         deadline: float,
+        spec: ConfidenceSpec | None,
     ) -> list[Sample]:
-        """One logical request for ``want`` samples, retried; 1..want samples back."""
+        """One logical request for ``want`` samples, retried; 1..want samples back, their
+        confidence read as ``spec`` says."""
         encoded = sampling_body(body, want, seed, self._stream)
         pieces = piece_limit(body, want) if self._stream else None
         session = ((self._session_header, key),) if self._session_header and key else ()
@@ -334,7 +345,7 @@ class OpenAIEngine(Engine, PassThrough):
                     "every upstream is marked unhealthy (circuit breaker open)"
                 ) from last
             outcome = await self._attempt(
-                replica, path, encoded, want, pieces, session, attempt > 0
+                replica, path, encoded, want, pieces, session, attempt > 0, spec
             )
             if isinstance(outcome, list):
                 return outcome
@@ -364,6 +375,7 @@ class OpenAIEngine(Engine, PassThrough):
         pieces: int | None,
         session: Sequence[tuple[str, str]],
         retry: bool,
+        spec: ConfidenceSpec | None,
     ) -> list[Sample] | tuple[Exception, float | None]:
         """One attempt at ``replica``: its samples, or a retryable error and its Retry-After.
 
@@ -388,7 +400,14 @@ class OpenAIEngine(Engine, PassThrough):
         try:
             try:
                 response = await self._pool.post(
-                    url, path, encoded, self._stream, session, sending, pieces
+                    url,
+                    path,
+                    encoded,
+                    self._stream,
+                    session,
+                    sending,
+                    pieces,
+                    None if spec is None else spec.top_logprobs,
                 )
             finally:
                 self._replicas.release(replica, want)
@@ -411,10 +430,16 @@ class OpenAIEngine(Engine, PassThrough):
             if not math.isnan(sent):
                 self.sink.upstream_samples(url, "cancelled", want)
             raise
-        return self._judged(replica, response, path, want, sent)
+        return self._judged(replica, response, path, want, sent, spec)
 
     def _judged(
-        self, replica: Replica, response: httpx2.Response, path: str, want: int, sent: float
+        self,
+        replica: Replica,
+        response: httpx2.Response,
+        path: str,
+        want: int,
+        sent: float,
+        spec: ConfidenceSpec | None,
     ) -> list[Sample] | tuple[Exception, float | None]:
         """What an attempt's response makes of it: see :meth:`_attempt`."""
         url = replica.url
@@ -422,7 +447,7 @@ class OpenAIEngine(Engine, PassThrough):
         if 200 <= status < 300:
             self._throttles.answered(url)
             try:
-                samples = self._answered(replica, response, path == CHAT, want, sent)
+                samples = self._answered(replica, response, path == CHAT, want, sent, spec)
             except EngineProtocolError as exc:
                 return self._unusable(replica, want, exc, exc.__cause__)
             self._replicas.record_success(replica)
@@ -450,7 +475,13 @@ class OpenAIEngine(Engine, PassThrough):
         return error, None
 
     def _answered(
-        self, replica: Replica, response: httpx2.Response, chat: bool, want: int, sent: float
+        self,
+        replica: Replica,
+        response: httpx2.Response,
+        chat: bool,
+        want: int,
+        sent: float,
+        spec: ConfidenceSpec | None,
     ) -> list[Sample]:
         """The samples of a 2xx answer; each of the ``want`` asked for gets its outcome.
 
@@ -461,7 +492,7 @@ class OpenAIEngine(Engine, PassThrough):
             EngineProtocolError: an unusable body (counted by the caller).
         """
         url = replica.url
-        samples = parse_response(response, chat, want, url)
+        samples = parse_response(response, chat, want, url, spec)
         if want > 1 and self._n_support == "auto":
             replica.n_honoured = len(samples) == want
         self.sink.upstream_samples(url, "completed", len(samples))

@@ -20,6 +20,7 @@ from typing import Annotated, Any, NamedTuple
 import httpx2
 from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 
+from blendserve.core.signals import ConfidenceMeter, ConfidenceSpec, token_confidence
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, InvalidRequest
 
@@ -45,6 +46,7 @@ __all__ = [
     "sampling_body",
     "server_events",
     "split_credentials",
+    "token_confidences",
 ]
 
 #: Paths under a replica's ``/v1``.
@@ -111,6 +113,9 @@ def split_credentials(url: str) -> tuple[str, str | None]:
 def request_body(request: GenerateRequest, default_model: str | None) -> dict[str, Any]:
     """The completion request body for ``request``, less ``n``, ``seed`` and ``stream``.
 
+    A request that reads confidence asks for its top logprobs (chat: ``logprobs`` and
+    ``top_logprobs``; completions: ``logprobs``), unless ``params.extra`` asks itself.
+
     Raises:
         InvalidRequest: ``params.extra`` sets a field the engine owns.
     """
@@ -134,6 +139,9 @@ def request_body(request: GenerateRequest, default_model: str | None) -> dict[st
             body[key] = value
     if params.stop is not None:
         body["stop"] = list(params.stop)
+    if request.confidence is not None:
+        k = request.confidence.top_logprobs
+        body.update({"logprobs": True, "top_logprobs": k} if request.messages else {"logprobs": k})
     owned = sorted(_ENGINE_OWNED.intersection(params.extra))
     if owned:
         raise InvalidRequest(
@@ -161,8 +169,15 @@ def sampling_body(body: dict[str, Any], n: int, seed: int | None, stream: bool) 
     return encode(payload)
 
 
-def parse_response(response: httpx2.Response, chat: bool, want: int, upstream: str) -> list[Sample]:
-    """The samples of a 2xx completion response asking for ``want``: 1..want of them.
+def parse_response(
+    response: httpx2.Response,
+    chat: bool,
+    want: int,
+    upstream: str,
+    confidence: ConfidenceSpec | None = None,
+) -> list[Sample]:
+    """The samples of a 2xx completion response asking for ``want``: 1..want of them, their
+    confidence read as ``confidence`` says (:func:`parse_samples`).
 
     Raises:
         EngineProtocolError: not JSON, not a usable completion, or over ``want`` choices.
@@ -173,14 +188,20 @@ def parse_response(response: httpx2.Response, chat: bool, want: int, upstream: s
         raise EngineProtocolError(
             f"{upstream}: response is not JSON: {response.text[:200]!r}"
         ) from None if isinstance(exc, RecursionError) else exc
-    samples = parse_samples(payload, chat, upstream)
+    samples = parse_samples(payload, chat, upstream, confidence)
     if len(samples) > want:
         raise EngineProtocolError(f"{upstream}: {len(samples)} choices for n={want}")
     return samples
 
 
-def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
+def parse_samples(
+    payload: Any, chat: bool, upstream: str, confidence: ConfidenceSpec | None = None
+) -> list[Sample]:
     """The samples of a completion response, in choice order.
+
+    With ``confidence``, each sample's is read from its choice's ``logprobs`` (either
+    API's shape), or from the ``token_confidences`` a collected stream left there
+    (:func:`collect_events`); a choice without them has none.
 
     Raises:
         EngineProtocolError: the payload is not a usable completion.
@@ -223,6 +244,7 @@ def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
         if not isinstance(text, str):
             raise EngineProtocolError(f"{upstream}: a choice has no text")
         finish = choice.get("finish_reason")
+        stop = choice.get("stop_reason")
         samples.append(
             Sample(
                 text=text,
@@ -232,9 +254,67 @@ def parse_samples(payload: Any, chat: bool, upstream: str) -> list[Sample]:
                 upstream=upstream,
                 reasoning=reasoning,
                 reasoning_tokens=thought_tokens,
+                stop_reason=str(stop) if isinstance(stop, (str, int)) else None,
+                confidence=None if confidence is None else _confidence(choice, confidence),
             )
         )
     return samples
+
+
+def _confidence(choice: dict[str, Any], spec: ConfidenceSpec) -> Any:
+    collected = choice.get("token_confidences")
+    if isinstance(collected, list):
+        values = [c for c in collected if isinstance(c, float)]
+    else:
+        values = token_confidences(choice.get("logprobs"), spec.top_logprobs)
+    meter = ConfidenceMeter(spec)
+    for value in values:
+        meter.add_confidence(value)
+    return meter.summary()
+
+
+def token_confidences(logprobs: Any, k: int) -> list[float]:
+    """Each token's confidence (:func:`~blendserve.core.signals.token_confidence`) from a
+    choice's or chunk's ``logprobs``: the chat API's ``{"content": [{"logprob",
+    "top_logprobs": [{"logprob"}, ...]}, ...]}`` or the completions API's ``{"top_logprobs":
+    [{token: logprob, ...}, ...], "token_logprobs": [...]}``. A token without top logprobs
+    counts its own; entries of another shape are skipped, never fatal."""
+    if not isinstance(logprobs, dict):
+        return []
+    values: list[float] = []
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        for entry in content:
+            if not isinstance(entry, dict):
+                continue
+            top = entry.get("top_logprobs")
+            numbers = (
+                [t.get("logprob") for t in top if isinstance(t, dict)]
+                if isinstance(top, list) and top
+                else [entry.get("logprob")]
+            )
+            _read_token(numbers, k, values)
+        return values
+    tops = logprobs.get("top_logprobs")
+    own = logprobs.get("token_logprobs")
+    if isinstance(tops, list):
+        for i, top in enumerate(tops):
+            if isinstance(top, dict) and top:
+                _read_token(list(top.values()), k, values)
+            elif isinstance(own, list) and i < len(own):
+                _read_token([own[i]], k, values)
+    elif isinstance(own, list):
+        for value in own:
+            _read_token([value], k, values)
+    return values
+
+
+def _read_token(numbers: list[Any], k: int, into: list[float]) -> None:
+    confidence = token_confidence(
+        (float(x) for x in numbers if isinstance(x, (int, float)) and not isinstance(x, bool)), k
+    )
+    if confidence is not None:
+        into.append(confidence)
 
 
 def reasoning_of(message: dict[str, Any]) -> str | None:
@@ -350,6 +430,8 @@ class _Choice(BaseModel):
     delta: _Delta | None = None
     text: StrictStr | None = None
     finish_reason: StrictStr | None = None
+    stop_reason: StrictStr | StrictInt | None = None
+    logprobs: Any = None
 
 
 class _Chunk(BaseModel):
@@ -394,21 +476,23 @@ def _stated(error: Any, data: bytes) -> str:
 
 
 async def collect_events(
-    events: AsyncIterator[ServerEvent], max_pieces: int | None = None
+    events: AsyncIterator[ServerEvent],
+    max_pieces: int | None = None,
+    top_logprobs: int | None = None,
 ) -> dict[str, Any]:
     """Assembles a streamed completion (its server-sent events) into the non-streamed shape.
 
     A chat stream's thought (``delta.reasoning`` or ``delta.reasoning_content``)
     goes to the message's ``reasoning``; events named other than ``message`` or
-    ``error`` are skipped.
+    ``error`` are skipped. With ``top_logprobs`` (k), each token's logprobs are read
+    as they come, into a choice's ``token_confidences`` (one float a token, not the
+    k logprobs: :func:`parse_samples` sums them up).
 
     Raises:
         EngineProtocolError: a chunk is not a completion chunk, the stream reports
             an error, or it sends more than ``max_pieces`` pieces of text.
     """
-    texts: dict[int, list[str]] = {}
-    thoughts: dict[int, list[str]] = {}
-    finish: dict[int, str] = {}
+    choices: dict[int, _Assembled] = {}
     usage: dict[str, Any] | None = None
     num_chunks = 0
     chat = False
@@ -422,34 +506,62 @@ async def collect_events(
         if chunk.usage is not None:
             usage = chunk.usage.model_dump(exclude_none=True) or usage
         for choice in chunk.choices or ():
-            index = choice.index
-            delta = choice.delta
-            chat = chat or delta is not None
-            piece = choice.text if delta is None else delta.content
-            thought = None if delta is None else (delta.reasoning or delta.reasoning_content)
-            pieces = texts.setdefault(index, [])
-            if piece:
-                pieces.append(piece)
-                num_chunks += 1
-            if thought:
-                thoughts.setdefault(index, []).append(thought)
-                num_chunks += 1
-            if choice.finish_reason is not None:
-                finish[index] = choice.finish_reason
+            chat = chat or choice.delta is not None
+            num_chunks += choices.setdefault(choice.index, _Assembled()).add(choice, top_logprobs)
         if max_pieces is not None and num_chunks > max_pieces:
             raise EngineProtocolError(
                 f"the stream sent over {max_pieces} pieces of text, more than its"
                 " max_tokens allow: a runaway stream"
             )
-    choices = []
-    for index in sorted(texts):
-        text = "".join(texts[index])
-        body: dict[str, Any] = {"message": {"content": text}} if chat else {"text": text}
-        if index in thoughts:
-            body["message"]["reasoning"] = "".join(thoughts[index])
-        choices.append({"index": index, "finish_reason": finish.get(index), **body})
+    assembled = [choices[index].body(index, chat) for index in sorted(choices)]
     # An upstream without stream usage: a content chunk is about one token.
-    return {"choices": choices, "usage": usage or {"completion_tokens": num_chunks}}
+    return {"choices": assembled, "usage": usage or {"completion_tokens": num_chunks}}
+
+
+class _Assembled:
+    """One choice of a stream, as its chunks come."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.thoughts: list[str] = []
+        self.finish: str | None = None
+        self.stop: str | int | None = None
+        self.confidences: list[float] | None = None
+
+    def add(self, choice: _Choice, top_logprobs: int | None) -> int:
+        """Takes a chunk's choice; returns the pieces of text it held (0, 1 or 2)."""
+        delta = choice.delta
+        piece = choice.text if delta is None else delta.content
+        thought = None if delta is None else (delta.reasoning or delta.reasoning_content)
+        if piece:
+            self.texts.append(piece)
+        if thought:
+            self.thoughts.append(thought)
+        if choice.finish_reason is not None:
+            self.finish = choice.finish_reason
+        if choice.stop_reason is not None:
+            self.stop = choice.stop_reason
+        if top_logprobs is not None and choice.logprobs is not None:
+            if self.confidences is None:
+                self.confidences = []
+            self.confidences += token_confidences(choice.logprobs, top_logprobs)
+        return bool(piece) + bool(thought)
+
+    def body(self, index: int, chat: bool) -> dict[str, Any]:
+        """The choice in the non-streamed shape."""
+        text = "".join(self.texts)
+        body: dict[str, Any] = {"index": index, "finish_reason": self.finish}
+        if chat:
+            body["message"] = {"content": text}
+            if self.thoughts:
+                body["message"]["reasoning"] = "".join(self.thoughts)
+        else:
+            body["text"] = text
+        if self.stop is not None:
+            body["stop_reason"] = self.stop
+        if self.confidences is not None:
+            body["token_confidences"] = self.confidences
+        return body
 
 
 def piece_limit(body: Mapping[str, Any], n: int) -> int | None:
