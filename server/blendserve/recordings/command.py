@@ -42,7 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--temperature", type=float, default=0.7, help="(0.7)")
     parser.add_argument("--top-p", type=float, help="(the engine's)")
     parser.add_argument("--max-tokens", type=_positive, default=1024, help="(1024)")
-    parser.add_argument("--seed", type=int, default=0, help="moves every question's seed (0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="seed the samples: a question's from its id, moved by SEED (none: unseeded)",
+    )
     parser.add_argument(
         "--top-logprobs",
         type=int,

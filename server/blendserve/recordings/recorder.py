@@ -201,8 +201,8 @@ def _trim_partial_line(out: Path) -> None:
 
 def _request(question: Question, start: int, n: int, plan: RecordPlan) -> GenerateRequest:
     params = plan.params
-    base = 0 if params.seed is None else params.seed
-    params = replace(params, seed=_seed(question.id, base))
+    if params.seed is not None:
+        params = replace(params, seed=_seed(question.id, params.seed))
     messages = question.messages
     if messages is None and plan.chat:
         messages = [{"role": "user", "content": question.prompt}]

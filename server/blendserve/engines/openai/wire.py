@@ -613,11 +613,30 @@ def _count(value: Any, upstream: str) -> int:
 
 
 def _choice_tokens(choice: dict[str, Any], upstream: str) -> int | None:
+    """A choice's own completion tokens: its usage where an upstream reports one a choice,
+    else the tokens its logprobs list (an ``n`` request's usage is their sum only)."""
     usage = choice.get("usage")
     value = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if value is None:
         value = choice.get("completion_tokens")
+    if value is None:
+        value = _logprob_tokens(choice)
     return _count(value, upstream) if value is not None else None
+
+
+def _logprob_tokens(choice: dict[str, Any]) -> int | None:
+    """The tokens a choice's logprobs list (None: it has none)."""
+    collected = choice.get("token_confidences")
+    if isinstance(collected, list):
+        return len(collected)
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    for name in ("content", "tokens", "token_logprobs"):
+        entries = logprobs.get(name)
+        if isinstance(entries, list):
+            return len(entries)
+    return None
 
 
 def error_message(response: httpx2.Response) -> str:
