@@ -129,6 +129,12 @@ class FakeState:
     seconds (a straggler); ``slow_answered`` counts those answered, not left.
     ``die_by``: the process kills itself with this signal at its first
     completion request (a crashing server's stand-in; no core file is written).
+    ``logprobs``: how a request that asks for logprobs is answered: ``openai`` (each
+    word of a text is a token, its top logprobs ``-0.1 * j * scale`` for j = 1..k,
+    ``scale`` the sample's serial mod 3 plus 1, so its confidence is
+    ``0.05 * (k + 1) * scale``; streamed a word a chunk, with its logprobs),
+    ``ignored`` (none sent, as a server that does not support them), ``garbage``
+    (logprobs of the wrong shape); None: as ``openai``.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
@@ -180,6 +186,7 @@ class FakeState:
     slow_every: int = 0
     slow_answered: int = 0
     extra_metrics: str = ""
+    logprobs: str | None = None
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
@@ -213,7 +220,8 @@ class FakeState:
         """The next sample, as the upstream writes it (with a thought if ``thoughts``)."""
         text = self.next_text()
         if self.thoughts is None:
-            return Written(text, finish_reason="stop" if chat else "length")
+            finish = "stop" if chat else "length"
+            return Written(text, finish_reason=finish, scale=self._serial % 3 + 1)
         if self.thoughts not in THOUGHT_SHAPES:
             raise ValueError(f"unknown thought shape {self.thoughts!r}")
         cut = self.cut_every > 0 and self._serial % self.cut_every == 0
@@ -309,12 +317,53 @@ class Written:
         reasoning: its thought, split out by a reasoning parser (None: not split).
         field: the message field the parser writes the thought to.
         finish_reason: ``stop``, or ``length`` when cut.
+        scale: what its tokens' logprobs are multiplied by (``FakeState.logprobs``).
     """
 
     text: str | None
     reasoning: str | None = None
     field: str = ""
     finish_reason: str = "stop"
+    scale: int = 1
+
+
+def asked_logprobs(body: dict[str, Any] | None) -> int:
+    """The top logprobs a request body asks for (0: none)."""
+    if body is None or not body.get("logprobs"):
+        return 0
+    if "messages" in body:
+        return int(body.get("top_logprobs") or 0)
+    return int(body["logprobs"])
+
+
+def _logprobs(state: FakeState, words: list[str], scale: int, k: int, chat: bool) -> Any:
+    """``words``' logprobs in the API's shape (``FakeState.logprobs``)."""
+    if state.logprobs == "garbage":
+        return {"content": "not a list"} if chat else {"top_logprobs": 7}
+    tops = [[-0.1 * j * scale for j in range(1, k + 1)] for _ in words]
+    if chat:
+        return {
+            "content": [
+                {
+                    "token": w,
+                    "logprob": top[0],
+                    "top_logprobs": [{"token": f"t{j}", "logprob": lp} for j, lp in enumerate(top)],
+                }
+                for w, top in zip(words, tops, strict=True)
+            ]
+        }
+    return {
+        "tokens": words,
+        "token_logprobs": [top[0] for top in tops],
+        "top_logprobs": [{f"t{j}": lp for j, lp in enumerate(top)} for top in tops],
+        "text_offset": [0] * len(words),
+    }
+
+
+def _words(text: str) -> list[str]:
+    """A text's tokens, as the fake counts them: its words, each with the space before it."""
+    words = text.split(" ")
+    return [words[0], *(" " + w for w in words[1:])]
 
 
 def _raw_thought(shape: str, thought: str, final: str | None, tags: tuple[str, str]) -> str:
@@ -372,15 +421,25 @@ ERROR_PAGE = "<html><body><h1>502 Bad Gateway</h1><p>upstream unavailable</p></b
 ERROR_CHUNK = {"error": {"message": "injected failure mid-stream", "type": "Internal", "code": 500}}
 
 
-def _pieces(written: Written, chat: bool) -> list[dict[str, Any]]:
-    """One sample's deltas (chat) or texts: its thought in two halves, then its text."""
+def _pieces(
+    written: Written, chat: bool, state: FakeState | None = None, k: int = 0
+) -> list[dict[str, Any]]:
+    """One sample's deltas (chat) or texts: its thought in two halves, then its text
+    (asked for ``k`` logprobs: a word a chunk, each with its logprobs)."""
     pieces: list[dict[str, Any]] = []
     if written.reasoning is not None:
         half = len(written.reasoning) // 2
         for part in (written.reasoning[:half], written.reasoning[half:]):
             pieces.append({"delta": {written.field: part}})
-    if written.text is not None:
+    if written.text is None:
+        return pieces
+    if state is None or not k or state.logprobs == "ignored":
         pieces.append({"delta": {"content": written.text}} if chat else {"text": written.text})
+        return pieces
+    for word in _words(written.text):
+        piece: dict[str, Any] = {"delta": {"content": word}} if chat else {"text": word}
+        piece["logprobs"] = _logprobs(state, [word], written.scale, k, chat)
+        pieces.append(piece)
     return pieces
 
 
@@ -426,7 +485,7 @@ async def _chunks(
             yield event({"choices": [{"index": 0, "delta": {"content": piece}}]})
             await asyncio.sleep(0)
         for i, written in enumerate(texts):
-            for piece in _pieces(written, chat):
+            for piece in _pieces(written, chat, state, asked_logprobs(body)):
                 yield event({"choices": [{"index": i, **piece}]})
                 if hostile and state.stream_error:
                     yield event(ERROR_CHUNK)
@@ -543,7 +602,8 @@ def completion_body(
     state: FakeState, n: int, chat: bool, body: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A non-streamed completion body of ``n`` choices (``body``: the request answered)."""
-    choices = []
+    choices: list[dict[str, Any]] = []
+    k = asked_logprobs(body)
     for i in range(n):
         written = state.write(chat)
         if chat:
@@ -555,6 +615,8 @@ def completion_body(
             choices.append(
                 {"index": i, "text": written.text, "finish_reason": written.finish_reason}
             )
+        if k and written.text is not None and state.logprobs != "ignored":
+            choices[-1]["logprobs"] = _logprobs(state, _words(written.text), written.scale, k, chat)
     if state.usage_tokens is not None and body is not None and state.targets(body):
         for choice in choices:
             choice["usage"] = {"completion_tokens": state.usage_tokens}
