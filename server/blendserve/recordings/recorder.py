@@ -220,12 +220,14 @@ def _request(question: Question, start: int, n: int, plan: RecordPlan) -> Genera
 async def _line(
     question: Question, samples: Sequence[Sample], plan: RecordPlan, first: bool
 ) -> RecordedQuestion:
-    """The line a request's samples make: each answer keyed as a vote keys it."""
+    """The line a request's samples make: each answer keyed as a vote keys it, and none
+    for a sample cut at ``max_tokens`` (or whose thought never closed), which never votes."""
     kind: Any = question.answer_format or plan.answer_format
     recorded_samples = []
     for sample in samples:
         thought = sample.thought()
-        answer = None if thought.cut else await aextract(thought.content, kind, plan.pattern)
+        cut = thought.cut or sample.finish_reason == "length"
+        answer = None if cut else await aextract(thought.content, kind, plan.pattern)
         if answer is not None:
             answer = await acanonical_key(answer, kind)
         recorded_samples.append(

@@ -17,8 +17,9 @@ from tests.support.running import run_coroutine
 
 
 class CountingFake(Engine):
-    """A fake engine: the n-th sample it makes answers ``n % 3`` in ``n`` tokens; it keeps
-    every request, and fails from the ``fail_at``-th request on."""
+    """A fake engine: the n-th sample it makes answers ``n % 3`` in ``n`` tokens, every
+    fifth cut at ``max_tokens``; it keeps every request, and fails from the ``fail_at``-th
+    request on."""
 
     name = "fake"
 
@@ -38,7 +39,8 @@ class CountingFake(Engine):
             if request.confidence is not None:
                 confidence = Confidence(1.0, 0.5, 2.0, self.made, 4, 2, (1.0,) * self.made)
             text = f"so the answer is {self.made % 3}"
-            samples.append(Sample(text, "stop", 3, self.made, "fake", confidence=confidence))
+            finish = "length" if self.made % 5 == 0 else "stop"
+            samples.append(Sample(text, finish, 3, self.made, "fake", confidence=confidence))
         return samples
 
     async def health(self) -> EngineHealth:
@@ -67,8 +69,10 @@ def test_every_sample_is_recorded_with_its_length_and_confidence(tmp_path: Path)
     for line in lines:
         assert line["gold"] == line["id"][1:] and line["prompt"].startswith("what is")
         for sample in line["samples"]:
-            assert sample["answer"] == str(sample["tokens"] % 3)
-            assert sample["finish"] == "stop"
+            cut = sample["tokens"] % 5 == 0
+            assert sample["finish"] == ("length" if cut else "stop")
+            # a cut sample never votes, whatever its text holds
+            assert sample["answer"] == (None if cut else str(sample["tokens"] % 3))
             assert sample["confidence"]["tokens"] == sample["tokens"]
             assert sample["groups"] == [1.0] * sample["tokens"]
     # chat by default: a prompt goes as one user message, every request asks confidence
