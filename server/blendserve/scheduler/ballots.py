@@ -1,18 +1,26 @@
-"""What one question's samples brought, and the answer event it makes: shared by jobs and pools."""
+"""What one question's samples brought, and the answer event it makes: shared by jobs and pools.
+
+Every sample a job or a pool takes passes through a question's :class:`Ballots`; with a
+:class:`SampleLog`, each is kept there (its key, length, finish and confidence, never its
+text) and handed to the log once the question is done with, answered or let go.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from blendserve.answers import DEFAULT_REASONING_TAGS, ReasoningTags, SampleKeyer
+from blendserve.core.signals import Confidence as TraceConfidence
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Sample
 from blendserve.scheduler.events import AnswerEvent, Confidence, Usage
-from blendserve.scheduler.spec import Keyer
+from blendserve.scheduler.spec import Keyer, Question
 
-__all__ = ["TRUNCATED_LIMIT", "Ballots", "reasoning_tags_of"]
+__all__ = ["TRUNCATED_LIMIT", "Ballots", "SampleLog", "SeenSample", "reasoning_tags_of"]
 
 #: Samples cut at ``max_tokens`` since the question's last vote after which it
 #: stops (``stopped="truncated"``): its samples keep being cut, and more would too.
@@ -24,11 +32,34 @@ def reasoning_tags_of(keyer: Keyer) -> ReasoningTags:
     return keyer.reasoning_tags if isinstance(keyer, SampleKeyer) else DEFAULT_REASONING_TAGS
 
 
+@dataclass(frozen=True, slots=True)
+class SeenSample:
+    """One sample a question took: its voting ``key`` (None: it abstained, or was cut), its
+    ``completion_tokens``, ``finish_reason`` and ``stop_reason`` as its engine reported
+    them, and its trace ``confidence`` where its request asked for logprobs."""
+
+    key: str | None
+    completion_tokens: int
+    finish_reason: str | None
+    stop_reason: str | None = None
+    confidence: TraceConfidence | None = None
+
+
+class SampleLog(Protocol):
+    """Where jobs and pools hand each question's samples once it is done with them."""
+
+    def question_done(self, question: Question, samples: Sequence[SeenSample]) -> None:
+        """``question`` took ``samples``, in the order they came: every one that voted or
+        abstained in it, those that came after it settled but before its answer was
+        made included. Called once a question, on the event loop: it must not block."""
+
+
 @dataclass
 class Ballots:
     """Per answer key, the first answer, completion, thought and finish reason seen; the
     last abstention; the samples cut at ``max_tokens``; the tokens spent. The votes
-    themselves live in a :class:`VoteState`."""
+    themselves live in a :class:`VoteState`. ``seen``: every sample added, in order, where
+    a :class:`SampleLog` will take them (None: not kept)."""
 
     # canonical key -> (first extracted answer, its completion)
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -42,6 +73,21 @@ class Ballots:
     last_truncated: str | None = None  # the last of them
     last_truncated_thought: str | None = None
     stopped: str | None = None  # why the question stopped early ("truncated", "horizon")
+    seen: list[SeenSample] | None = None
+
+    @classmethod
+    def kept_for(cls, log: SampleLog | None) -> Ballots:
+        """Fresh ballots that keep their samples where ``log`` will take them."""
+        return cls(seen=[] if log is not None else None)
+
+    def hand_over(self, question: Question, log: SampleLog | None) -> None:
+        """Hands the samples kept to ``log`` as ``question``'s, once: later calls, and a
+        question with no sample, hand nothing."""
+        seen = self.seen
+        if log is None or not seen:
+            return
+        self.seen = []
+        log.question_done(question, seen)
 
     @property
     def is_cut(self) -> bool:
@@ -86,6 +132,16 @@ class Ballots:
         self.usage.add(
             Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
         )
+        if self.seen is not None:
+            self.seen.append(
+                SeenSample(
+                    key,
+                    sample.completion_tokens,
+                    sample.finish_reason,
+                    sample.stop_reason,
+                    sample.confidence,
+                )
+            )
         return key
 
     def answer_event(

@@ -43,7 +43,7 @@ from blendserve.core.policies import AllocationPolicy
 from blendserve.core.stragglers import Stragglers
 from blendserve.core.waves import WavePlan
 from blendserve.engines.base import Engine, GenerateRequest, Sample
-from blendserve.scheduler.ballots import Ballots
+from blendserve.scheduler.ballots import Ballots, SampleLog
 from blendserve.scheduler.events import (
     AnswerEvent,
     DoneEvent,
@@ -98,7 +98,9 @@ class Job:
 
     ``sink`` defaults to where ``engine`` reports; ``stragglers`` says when a sample in
     flight on an engine of unknown capacity stops holding a slot (None:
-    :class:`~blendserve.core.stragglers.Stragglers`'s defaults).
+    :class:`~blendserve.core.stragglers.Stragglers`'s defaults). ``log`` takes each
+    question's samples once it is answered, or, for a question the job ends without
+    answering (its events closed early), when the job winds down.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Job:
         sink: Stats | None = None,
         *,
         stragglers: Stragglers | None = None,
+        log: SampleLog | None = None,
     ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
@@ -126,6 +129,7 @@ class Job:
         self.engine = engine
         self.keyer = keyer
         self.sink = sink if sink is not None else engine.sink
+        self.log = log
         self.status = JobStatus.PENDING
         # Any question may take several samples at once if the ranking, virtual
         # votes included, still puts it first; _in_flight_limit bounds the job.
@@ -348,6 +352,9 @@ class Job:
         tasks = list(in_flight)
         in_flight.clear()
         await cancel_all(tasks)
+        for q, state in self._states.items():  # questions it never answered
+            state.hand_over(self.spec.questions[q], self.log)
+        self._states.clear()
 
     def _in_flight_limit(self) -> int:
         """Samples the job may have in flight now (docs/solve.md, "Samples in flight")."""
@@ -517,7 +524,7 @@ class Job:
     async def _record(self, q: int, sample: Sample) -> None:
         state = self._states.get(q)
         if state is None:
-            state = self._states[q] = Ballots()
+            state = self._states[q] = Ballots.kept_for(self.log)
         key = await state.add(sample, self.keyer)
         self._usage.add(
             Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
@@ -552,7 +559,9 @@ class Job:
                 self._num_answered += 1
                 cut = partial or self._cancelled is not None  # cancelled mid-burst
                 event = self._answer(q, cut and not policy.is_settled(q))
-                self._states.pop(q, None)
+                state = self._states.pop(q, None)
+                if state is not None:
+                    state.hand_over(self.spec.questions[q], self.log)
                 self._report.answer(
                     event.samples,
                     event.confidence.share,

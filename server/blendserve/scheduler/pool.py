@@ -32,12 +32,13 @@ from blendserve.core.flatness import PROBE
 from blendserve.core.online_rule import OnlineRule, StreamLearning
 from blendserve.core.price import PacedPrice
 from blendserve.core.programme import ReadyPrior, VotePrior
+from blendserve.core.signals import ConfidenceSpec
 from blendserve.core.stopping import DEFAULT_CAP, Score, StoppingRule
 from blendserve.core.votes import VoteState
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, Sample, SamplingParams
 from blendserve.errors import EngineError, UpstreamRejected
-from blendserve.scheduler.ballots import Ballots
+from blendserve.scheduler.ballots import Ballots, SampleLog
 from blendserve.scheduler.clients import IDLE_CLIENT_S, SHARED_CLIENT, Client, Clients
 from blendserve.scheduler.events import AnswerEvent
 from blendserve.scheduler.failures import FailureStreak
@@ -61,7 +62,8 @@ class PoolSpec:
     waves (0: no bound), its last taking all it is expected to need.
     ``max_consecutive_failures`` in a row end a question, with ``failure_timeout`` as a
     job's (:class:`~blendserve.scheduler.failures.FailureStreak`); ``request_timeout`` is
-    in seconds (None: the engine's default).
+    in seconds (None: the engine's default); ``confidence`` as a job's
+    (:class:`~blendserve.scheduler.spec.JobSpec`).
     """
 
     budget_per_question: float | None = 8.0
@@ -77,6 +79,7 @@ class PoolSpec:
     request_timeout: float | None = None
     max_consecutive_failures: int = 8
     failure_timeout: float = 5.0
+    confidence: ConfidenceSpec | None = None
 
     @property
     def online(self) -> OnlineRule:
@@ -112,7 +115,8 @@ class Pool:
     keyer, so that clients take turns at the sympy workers (None: all key with ``keyer``).
     Clients with no open question are forgotten beyond ``max_clients`` (oldest first), or
     once not seen for ``idle_client_s`` (None: :data:`IDLE_CLIENT_S`); their learning
-    restarts if they come back.
+    restarts if they come back. ``log`` takes each question's samples once it ends,
+    answered or not.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class Pool:
         client_keyer: Callable[[], Keyer] | None = None,
         max_clients: int = 1024,
         idle_client_s: float | None = None,
+        log: SampleLog | None = None,
     ) -> None:
         if min(spec.concurrency, spec.max_samples_per_request, max_clients) < 1:
             raise ValueError(
@@ -141,6 +146,7 @@ class Pool:
         self.keyer = keyer
         self.name = name
         self.sink = sink if sink is not None else engine.sink
+        self.log = log
         self.seen = time.monotonic()
         self._client_keyer = client_keyer
         idle_s = IDLE_CLIENT_S if idle_client_s is None else idle_client_s
@@ -250,7 +256,7 @@ class Pool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self, question: Question, client: Client, cut: bool = False) -> AnswerEvent:
-        state = _Open(question, client, cut=cut)
+        state = _Open(question, client, ballots=Ballots.kept_for(self.log), cut=cut)
         learning = client.learning
         base = learning.stopping()
         price = learning.price
@@ -317,6 +323,7 @@ class Pool:
             price.close(state.paced)
             self._open.discard(state)
             self.sink.queued(-1)
+            state.ballots.hand_over(question, self.log)
 
     def _confident(
         self,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
+from blendserve.core.signals import ConfidenceSpec
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
@@ -37,6 +38,8 @@ class RequestSettings(Protocol):
     def model(self) -> str | None: ...
     @property
     def request_timeout(self) -> float | None: ...
+    @property
+    def confidence(self) -> ConfidenceSpec | None: ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Question:
             model=settings.model,
             question_id=self.id,
             timeout=settings.request_timeout,
+            confidence=settings.confidence,
         )
 
 
@@ -75,7 +79,8 @@ class JobSpec:
     engine's). ``max_consecutive_failures`` engine failures in a row end the job, and
     a streak of transient ones (every upstream down) must also last
     ``failure_timeout`` seconds: that, not ``request_timeout``, bounds how long a job
-    outlives its upstreams.
+    outlives its upstreams. ``confidence``: each sample's confidence is read from its
+    tokens' logprobs as the spec says (None: no logprobs are asked for).
     """
 
     questions: Sequence[Question]
@@ -93,3 +98,4 @@ class JobSpec:
     max_consecutive_failures: int = 8
     failure_timeout: float = 5.0
     progress_interval: float = 0.25
+    confidence: ConfidenceSpec | None = None

@@ -12,6 +12,7 @@ from blendserve import __version__, answers
 from blendserve.core.policies.blend import warm_up as policy_warm_up
 from blendserve.engines.base import Engine
 from blendserve.engines.factory import build_engine
+from blendserve.service import metrics
 from blendserve.service.errors import install_error_handlers
 from blendserve.service.jobs import JobDefaults, JobMaker
 from blendserve.service.limits import Admission, BodySizeLimit, JobLimits
@@ -24,6 +25,7 @@ from blendserve.service.openai.served import ServedModels
 from blendserve.service.openai.tokenizer import TOKENIZER_BODY_PATHS
 from blendserve.service.openai.tokenizer import router as tokenizer_router
 from blendserve.service.prometheus import PrometheusStats
+from blendserve.service.recording import RecordingWriter
 from blendserve.service.security import ApiKeyAuth, ClientIds
 from blendserve.service.settings import Settings
 from blendserve.service.shutdown import RunningJobs
@@ -64,7 +66,16 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = await make_engine()
+        recording = None
+        if settings.record is not None:  # before the engine: a bad path fails at once
+            metrics.recording_started()
+            recording = RecordingWriter(settings.record, report=metrics.recording_lines)
+        try:
+            engine = await make_engine()
+        except BaseException:
+            if recording is not None:
+                await recording.aclose()
+            raise
         engine.report_to(sink)  # its jobs and pools report where it does
         served_models = ServedModels(
             engine, allow_aliases=settings.allow_model_aliases, default=settings.model
@@ -74,7 +85,7 @@ def create_app(
             keys = answers.AnswerKeys()
             keys.configure(workers=settings.sympy_workers)
         keys.report_to(sink)
-        maker = JobMaker(engine, JobDefaults.from_settings(settings), keys)
+        maker = JobMaker(engine, JobDefaults.from_settings(settings), keys, recording)
         grouper = Grouper(
             maker,
             wait=settings.group_wait_ms / 1000,
@@ -105,6 +116,8 @@ def create_app(
             yield
         finally:
             await dropin.aclose()
+            if recording is not None:  # after the pools, whose questions hand theirs over
+                await recording.aclose()
             await engine.aclose()
             await asyncio.gather(warming, return_exceptions=True)
             if answer_keys is None:

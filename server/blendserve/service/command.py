@@ -61,15 +61,21 @@ def read_settings(args: argparse.Namespace) -> Settings:
 
 
 def _check_data(settings: Settings) -> None:
-    """Reads the engine's profile, and the replay engine's data and profile, once before
-    serving: a bad file is one line, not a traceback from the engine's start.
+    """Reads the engine's profile, and the replay engine's data and profile, and opens the
+    recording, once before serving: a bad file is one line, not a traceback from the
+    engine's start.
 
     Raises:
         ValueError: a file or a line of it is bad (the message starts with the flag's
-            subject: ``engine profile`` or ``replay``).
+            subject: ``engine profile``, ``replay`` or ``record``).
     """
     from blendserve.engines.step_cost import load_step_cost
 
+    if settings.record is not None:
+        try:
+            settings.record.open("a", encoding="utf-8").close()
+        except OSError as exc:
+            raise ValueError(f"record: {exc}") from None
     config = settings.engine_config()
     if config.engine_profile is not None:
         try:

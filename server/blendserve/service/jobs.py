@@ -14,11 +14,13 @@ from typing import Protocol
 from blendserve import answers
 from blendserve.answers import DEFAULT_REASONING_TAGS, AnswerKeys, AnswerKind, ReasoningTags
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
+from blendserve.core.signals import ConfidenceSpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import Job, JobSpec, Keyer, Question
+from blendserve.scheduler.ballots import SampleLog
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.spec import DEFAULT_CONCURRENCY, DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.settings import Settings
@@ -46,7 +48,11 @@ __all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions"]
 
 @dataclass(frozen=True)
 class JobDefaults:
-    """The service's side of every job: what a request leaves unset or cannot set."""
+    """The service's side of every job: what a request leaves unset or cannot set.
+
+    ``confidence_logprobs``: the top logprobs each sample's tokens are read with for its
+    confidence (0: none asked for; see :meth:`confidence`).
+    """
 
     concurrency: int | None = None
     in_flight_per_question: float = DEFAULT_IN_FLIGHT_PER_QUESTION
@@ -54,6 +60,15 @@ class JobDefaults:
     request_timeout: float | None = None
     failure_timeout: float = 5.0
     reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS
+    confidence_logprobs: int = 0
+
+    def confidence(self, max_tokens: int | None) -> ConfidenceSpec | None:
+        """How a request of at most ``max_tokens`` reads its samples' confidence (None:
+        not at all): DeepConf's spec with ``confidence_logprobs`` top logprobs, its window
+        scaled to the samples' length (:meth:`ConfidenceSpec.scaled`)."""
+        if not self.confidence_logprobs:
+            return None
+        return ConfidenceSpec(self.confidence_logprobs).scaled(max_tokens)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JobDefaults:
@@ -65,6 +80,7 @@ class JobDefaults:
             request_timeout=settings.upstream_timeout,
             failure_timeout=settings.job_failure_timeout,
             reasoning_tags=ReasoningTags.parse(settings.reasoning_tags),
+            confidence_logprobs=settings.confidence_logprobs,
         )
 
 
@@ -131,12 +147,14 @@ class JobMaker:
     Each job or pool gets the engine as its answer format needs it (see
     :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own;
     each client of a pool gets one too. ``keys`` holds the answer keys' workers
-    and cache (None: the module's default).
+    and cache (None: the module's default). ``log`` takes every question's samples,
+    of every job and pool made here (None: they are not kept).
     """
 
     engine: Engine
     defaults: JobDefaults = field(default_factory=JobDefaults)
     keys: AnswerKeys | None = None
+    log: SampleLog | None = None
 
     def keyer(self, options: JobOptions) -> Keyer:
         """A fresh keyer of ``options``' answer format, reading the service's thought tags."""
@@ -161,8 +179,9 @@ class JobMaker:
             max_rounds=defaults.max_rounds if options.max_rounds is None else options.max_rounds,
             request_timeout=defaults.request_timeout,
             failure_timeout=defaults.failure_timeout,
+            confidence=defaults.confidence(options.sampling.max_tokens),
         )
-        return Job(spec, *self._parts(options))
+        return Job(spec, *self._parts(options), log=self.log)
 
     def pool(
         self,
@@ -190,6 +209,9 @@ class JobMaker:
             else options.max_rounds,
             request_timeout=self.defaults.request_timeout,
             failure_timeout=self.defaults.failure_timeout,
+            confidence=self.defaults.confidence(options.sampling.max_tokens),
         )
         engine, keyer = self._parts(options)
-        return Pool(spec, engine, keyer, name, client_keyer=lambda: self.keyer(options))
+        return Pool(
+            spec, engine, keyer, name, client_keyer=lambda: self.keyer(options), log=self.log
+        )

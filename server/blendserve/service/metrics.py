@@ -21,7 +21,14 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-__all__ = ["CONTENT_TYPE_LATEST", "exposition", "pool_dropped", "upstream_configured"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "exposition",
+    "pool_dropped",
+    "recording_lines",
+    "recording_started",
+    "upstream_configured",
+]
 
 _PREFIX = "blendserve"
 
@@ -159,6 +166,13 @@ ANSWER_TIMEOUTS = Counter(
 for _stage in ("regex", "sympy"):
     ANSWER_TIMEOUTS.labels(_stage)
 
+RECORDING_LINES = Counter(
+    f"{_PREFIX}_recording_lines",
+    "Questions' lines of --record by outcome: written, or lost (a write the disk refused, "
+    "or more lines waiting for the disk than the writer holds).",
+    ["outcome"],
+)
+
 ONLINE_METRICS = (
     ONLINE_TAU,
     ONLINE_MEAN_SAMPLES,
@@ -196,6 +210,17 @@ def pool_dropped(pool: str) -> None:
         return
     for metric in ONLINE_METRICS:
         metric.remove(pool)
+
+
+def recording_started() -> None:
+    """Creates the recording's series at zero (only a recording service exports them)."""
+    for outcome in ("written", "lost"):
+        RECORDING_LINES.labels(outcome)
+
+
+def recording_lines(outcome: str, lines: int) -> None:
+    """``lines`` of the recording were written, or lost."""
+    RECORDING_LINES.labels(outcome).inc(lines)
 
 
 def exposition() -> bytes:

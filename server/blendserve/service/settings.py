@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from blendserve.core.answers import ReasoningTags
 from blendserve.core.policies import DEFAULT_POLICY
+from blendserve.core.signals import MAX_TOP_LOGPROBS
 from blendserve.core.stopping import DEFAULT_CAP
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.config import Limits, RetryPolicy, Timeouts
@@ -147,6 +148,20 @@ class Settings(BaseSettings):
     group_max: int = Field(
         256, ge=1, description="/v1 grouped: questions that start a group at once"
     )
+    confidence_logprobs: int = Field(
+        0,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="read each sample's confidence from this many top logprobs a token, "
+        f"1 to {MAX_TOP_LOGPROBS} (0: none asked for): /solve jobs and voted /v1 requests ask "
+        "the engine for them, which costs it time (the embedded default computes them in "
+        "Python)",
+    )
+    record: Path | None = Field(
+        None,
+        description="append every question's samples the service sees to this file, in the "
+        "recording format (docs/recordings.md): answer, tokens, finish, stop and confidence",
+    )
     reasoning_tags: str = Field(
         "<think>,</think>",
         description="the tags around a reasoning model's thought, 'open,close': answers are "
@@ -230,7 +245,7 @@ class Settings(BaseSettings):
         ReasoningTags.parse(value)
         return value
 
-    @field_validator("data", "model_cache_dir", "api_key_file")
+    @field_validator("data", "model_cache_dir", "api_key_file", "record")
     @classmethod
     def _expand_home(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser()

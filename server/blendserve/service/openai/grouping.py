@@ -8,6 +8,7 @@ soon as its own questions are final, not when the group ends.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class Grouper:
         self._running: set[asyncio.Task[None]] = set()
         #: Jobs started so far.
         self.jobs_started = 0
+        self._ids = itertools.count()
 
     def submit(
         self, options: JobOptions, questions: Sequence[Question], budget_per_question: float
@@ -86,9 +88,12 @@ class Grouper:
                 group.timer = loop.call_later(self.wait, self._launch, key, group)
         loop = asyncio.get_running_loop()
         start = len(group.questions)
-        for i, question in enumerate(questions):
-            # Question ids must be unique in a job (replica affinity keys on them).
-            unique = Question(f"{start + i}:{question.id}", question.prompt, question.messages)
+        for question in questions:
+            # Question ids must be unique in a job (replica affinity keys on them) and, as a
+            # recording's ids, in the service: "g" sets them apart from the online pools'.
+            unique = Question(
+                f"g{next(self._ids)}:{question.id}", question.prompt, question.messages
+            )
             group.questions.append(unique)
             group.budgets.append(budget_per_question)
             group.futures.append(loop.create_future())
