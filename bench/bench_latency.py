@@ -2,11 +2,14 @@
 
 The replay engine runs the wave latency model: every request takes one
 modelled second whatever its ``n`` (plus, with ``--per-token``, that many
-seconds per token of its longest sample, lengths drawn from the log-normal
-:data:`LENGTH` fitted to the embedded model's GSM8K answers) and holds ``n``
-of the engine's ``C`` sequences (``--capacity``), so the modelled seconds
-are waves. Sets: synthetic families and, given a data folder, the recorded
-sets; jobs of ``--sizes`` questions through the real
+seconds per token of its longest sample) and holds ``n`` of the engine's
+``C`` sequences (``--capacity``), so the modelled seconds are waves. A
+sample's length is its recorded ``tokens`` where the data is a recording with
+lengths (each answer drawn comes with one of its recorded samples); elsewhere
+(synthetic sets, older ``answers`` data) it is drawn from the log-normal
+:data:`LENGTH` fitted to the embedded model's GSM8K answers, or under
+``--profile`` from ``--lengths``. Sets: synthetic families and, given a data
+folder, the recorded sets; jobs of ``--sizes`` questions through the real
 :class:`~blendserve.scheduler.Job` on a virtual clock. SC@32 is every
 question's ``n=32`` request sent at once on the same engine and voted.
 
@@ -33,11 +36,12 @@ through ``/solve`` as ``policy: sc`` with 32 samples of a question in one
 request: what a caller waits for, scheduler and HTTP included. ``--http --load``:
 the load table's jobs, all at once through one server, against SC@32 sent the same way.
 
-``--profile NAME`` (``--lengths cot|reasoning``) replaces the wave model by
-the replay engine's continuous batching, each decode step priced by the
-profile (``qwen2.5-7b-h100``: the H100 fit shipped with the package), each
-sample handed to the job as it ends: seconds are modelled seconds, and over
-HTTP ``--wave-seconds`` is the real seconds of a modelled one.
+``--profile NAME`` (``--lengths cot|reasoning`` for samples recorded without
+lengths) replaces the wave model by the replay engine's continuous batching,
+each decode step priced by the profile (``qwen2.5-7b-h100``: the H100 fit
+shipped with the package), each sample lasting its tokens and handed to the
+job as it ends: seconds are modelled seconds, and over HTTP
+``--wave-seconds`` is the real seconds of a modelled one.
 
 **Whole requests** (``--whole-requests``, with ``--profile``): the idle search
 as above, then its budget on the same continuous batch handing a request's
@@ -389,7 +393,7 @@ def copies(records: list[Record], k: int) -> list[Record]:
     """``records`` ``k`` times over, each copy under ids of its own (``#1``, ``#2``, ...)."""
     if k == 1:
         return records
-    return [Record(f"{r.id}#{i}", r.answers, r.probs) for i in range(k) for r in records]
+    return [Record(f"{r.id}#{i}", r.answers, r.probs, r.samples) for i in range(k) for r in records]
 
 
 def load_rows(name: str, records: list[Record], size: int, args: argparse.Namespace) -> None:
@@ -486,7 +490,11 @@ def main() -> None:
     """Prints the idle table (or with ``--load`` the load table, with ``--http`` the HTTP one,
     with ``--whole-requests`` the whole requests one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", type=Path, nargs="?", help="folder of recorded sets (*.jsonl)")
+    parser.add_argument(
+        "data", type=Path, nargs="?",
+        help="folder of recorded sets (*.jsonl): recordings, whose samples last their recorded "
+        "tokens where they have them, or older answers",
+    )  # fmt: skip
     parser.add_argument("--capacity", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64])
     parser.add_argument("--reps", type=int, default=3)
@@ -496,10 +504,17 @@ def main() -> None:
     parser.add_argument(
         "--copies", type=int, default=1, help="load: each question this many times, new ids"
     )
-    parser.add_argument("--per-token", type=float, default=0.0, help="modelled seconds a token")
+    parser.add_argument(
+        "--per-token", type=float, default=0.0,
+        help="modelled seconds a token (recorded tokens where the data has them, else drawn)",
+    )  # fmt: skip
     parser.add_argument("--http", action="store_true", help="the HTTP table instead")
     parser.add_argument("--profile", help="a decode-step profile: continuous batching, seconds")
-    parser.add_argument("--lengths", default="cot", choices=["cot", "reasoning"])
+    parser.add_argument(
+        "--lengths", default="cot", choices=["cot", "reasoning"],
+        help="with --profile: the lengths drawn for samples without recorded tokens (synthetic "
+        "sets, older answers data); a recording's own lengths are used where it has them",
+    )  # fmt: skip
     parser.add_argument(
         "--bar", default="seeds", choices=["seeds", "expected"],
         help="load: SC@32's error on the same seeds, or its expected error",

@@ -4,12 +4,14 @@ Usage: python bench/bench_online.py [DATA_DIR] [--questions 300] [--concurrency 
     [--synthetic flat,many,mixed] [--files none] [--max-rounds 4,0] [--modes online]
     [--passes 1] [--profile qwen2.5-7b-h100] [--lengths cot] [--time-scale 0.05]
 
-For each recorded set (questions in a seeded random order), a real uvicorn
-server on loopback over the replay engine (``--latency`` seconds a request)
-answers chat completions sent by ``openai.AsyncOpenAI`` at each client
-concurrency (``--profile``: the engine batches continuously, each step
-priced by a decode-step profile and run ``--time-scale`` times as fast,
-latencies reported in modelled time), in each of ``--modes``: the default online mode, the 50 ms
+For each recorded set (questions in a seeded random order; a recording, or
+older ``answers`` data), a real uvicorn server on loopback over the replay
+engine (``--latency`` seconds a request) answers chat completions sent by
+``openai.AsyncOpenAI`` at each client concurrency (``--profile``: the engine
+batches continuously, each step priced by a decode-step profile and run
+``--time-scale`` times as fast, latencies reported in modelled time; a
+recording's samples last their recorded tokens, ``--lengths`` draws the
+lengths of samples without them), in each of ``--modes``: the default online mode, the 50 ms
 grouping window (``sc_mode=grouped``), and ``sc``, plain SC@32 asked through
 the same endpoint (``policy: sc`` with 32 samples a question, sent at once:
 two requests of 16 in one wave). Prints mean samples per question, reducible
@@ -35,10 +37,10 @@ import argparse
 import asyncio
 import functools
 import itertools
-import json
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +51,11 @@ import openai
 import uvicorn
 from blendserve.engines.replay import LENGTHS, LatencyModel, ReplayEngine
 from blendserve.engines.step_cost import load_step_cost
+from blendserve.recordings.format import RecordedQuestion, merge, parse_record
 from blendserve.service import Settings, create_app
 from blendserve.sim.data import Dataset
 from blendserve.sim.efficiency import sample_efficiency
+from blendserve.util.jsonl import read_jsonl
 from numpy.typing import NDArray
 from records import CountingReplayEngine, Record, StreamEngine, percentiles, synthetic_records
 
@@ -66,15 +70,16 @@ TARGET = 32
 SC_DRAWS = 2000
 
 
-def _records(path: Path, limit: int, seed: int) -> list[dict[str, Any]]:
+def _records(path: Path, limit: int, seed: int) -> list[tuple[RecordedQuestion, str]]:
+    """The recorded questions of at least 8 answers and a unique mode, with that mode, in a
+    seeded random order (lines of one id are one question)."""
+    lines = read_jsonl(path, "recorded answers")
     kept = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line) if line.strip() else None
-        answers = [a for a in (record or {}).get("answers", []) if a is not None]
-        counts = sorted((answers.count(a) for a in set(answers)), reverse=True)
-        if record and len(answers) >= 8 and (len(counts) == 1 or counts[0] > counts[1]):
-            record["mode"] = max(set(answers), key=answers.count)
-            kept.append(record)
+    for question in merge(parse_record(record, f"{path}:{n}") for n, record in lines):
+        answers = [a for a in question.answers if a is not None]
+        top = Counter(answers).most_common(2)
+        if len(answers) >= 8 and (len(top) == 1 or top[0][1] > top[1][1]):
+            kept.append((question, top[0][0]))
     random.Random(seed).shuffle(kept)
     return kept[:limit]
 
@@ -87,12 +92,12 @@ def _synthetic(family: str, limit: int, seed: int) -> list[Record]:
 
 
 def _recorded_distributions(
-    records: list[dict[str, Any]],
+    records: list[RecordedQuestion],
 ) -> list[tuple[list[str | None], NDArray[np.float64]]]:
     """Each record's answers (nulls included, as the replay engine serves them) and frequencies."""
     distributions = []
     for record in records:
-        answers = [None if a is None else str(a) for a in record["answers"]]
+        answers = record.answers
         values = list(dict.fromkeys(answers))
         counts = np.array([answers.count(v) for v in values], dtype=float)
         distributions.append((values, counts / counts.sum()))
@@ -202,12 +207,14 @@ class QuestionSet:
 
 
 def recorded_set(path: Path, limit: int) -> QuestionSet:
-    """A recorded set, served by the replay engine from its recorded answers (nulls included)."""
-    records = _records(path, limit, seed=0)
-    modes = [str(r["mode"]) for r in records]
+    """A recorded set, served by the replay engine from its recorded samples (nulls included,
+    with their recorded lengths where the recording has them)."""
+    kept = _records(path, limit, seed=0)
+    records = [question for question, _ in kept]
+    modes = [mode for _, mode in kept]
     return QuestionSet(
         f"{path.stem} ({len(records)} q)",
-        records,
+        [{"id": question.id, "mode": mode} for question, mode in kept],
         BUDGETS[path.name],
         sc_error(_recorded_distributions(records), modes),
         lambda seed, latency: CountingReplayEngine(records, seed=seed, latency=latency),
@@ -299,14 +306,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("data_dir", type=Path, nargs="?", default=Path("../shared/data"))
+    parser.add_argument(
+        "data_dir", type=Path, nargs="?", default=Path("../shared/data"),
+        help="folder of the recorded sets: recordings (their lengths used where they have "
+        "them) or older answers",
+    )  # fmt: skip
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per engine request")
     parser.add_argument(
         "--profile", help="a decode-step profile: continuous batching instead of --latency"
     )
-    parser.add_argument("--lengths", default="cot", choices=["cot", "reasoning"])
+    parser.add_argument(
+        "--lengths", default="cot", choices=["cot", "reasoning"],
+        help="with --profile: the lengths drawn for samples without recorded tokens (synthetic "
+        "sets, older answers data); a recording's own lengths are used where it has them",
+    )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, default=0.05, help="with --profile: real seconds a modelled one"
     )

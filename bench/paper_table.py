@@ -8,7 +8,10 @@ kept outside this repository for licensing). Prints a Markdown table of mean
 samples per question (and improvement ratio) needed to match SC@x, the
 default's ratio as a share of the best fixed policy's (every method but the
 default, the oracle and plain SC; "-" when ``--methods`` leaves them out),
-and the wall time of each set's table.
+and the wall time of each set's table. A recording with lengths (``tokens`` on
+every question's samples) adds each method's mean completion tokens per
+question there (``tok``), each sample charged its question's mean recorded
+tokens (:meth:`blendserve.sim.Dataset.mean_tokens`).
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ def main() -> None:
             cells = []
             for label in methods:
                 r = row.methods[label]
-                cells.append(f"{r.samples:.1f} ({r.ratio:.1f}x)" + ("" if r.reached else " n/r"))
+                tokens = "" if r.tokens is None else f", {r.tokens:.0f} tok"
+                cells.append(
+                    f"{r.samples:.1f} ({r.ratio:.1f}x{tokens})" + ("" if r.reached else " n/r")
+                )
             compared = [r.ratio for k, r in row.methods.items() if k not in _NOT_COMPARED]
             default = row.methods.get("default")
             share = f"{default.ratio / max(compared):.0%}" if compared and default else "-"

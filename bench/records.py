@@ -2,25 +2,27 @@
 
 A :class:`Record` carries a question's distinct answers, its true mode first,
 and their probabilities: the frequencies of its recorded answers (as the
-simulator has them) or a synthetic family's distribution, exactly. A
-:class:`StreamEngine` serves them through the replay engine, drawing the
-simulator's answer streams; :class:`CountingReplayEngine` counts the engine
+simulator has them) or a synthetic family's distribution, exactly; from a
+recording, each answer's recorded samples too. A :class:`StreamEngine` serves
+them through the replay engine, drawing the simulator's answer streams and,
+for each answer drawn, one of its recorded samples (its length, finish reason
+and confidence as recorded); :class:`CountingReplayEngine` counts the engine
 requests of every question (the rounds a question took).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 from blendserve.engines.base import GenerateRequest, Sample
-from blendserve.engines.replay import LatencyModel, ReplayEngine
-from blendserve.sim.data import MIN_ANSWERS, Dataset
+from blendserve.engines.replay import LatencyModel, ReplayData, ReplayEngine
+from blendserve.recordings.format import RecordedSample
+from blendserve.sim.data import Dataset, load_jsonl
 from blendserve.sim.runner import AnswerDraws
 from blendserve.sim.synthetic import synthetic
 from blendserve.stats import Stats
@@ -39,11 +41,13 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)
 class Record:
-    """A kept question: its distinct answers, the true mode first, and their probabilities."""
+    """A kept question: its distinct answers, the true mode first, and their probabilities;
+    from a recording, each answer's recorded ``samples`` in the same order (empty: none)."""
 
     id: str
     answers: tuple[str, ...]
     probs: NDArray[np.float64]
+    samples: tuple[tuple[RecordedSample, ...], ...] = ()
 
     @property
     def mode(self) -> str:
@@ -56,21 +60,15 @@ class Record:
 
 
 def load(path: Path) -> list[Record]:
-    """The recorded questions the simulator keeps (enough non-null answers, a unique mode)."""
-    kept = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        raw = json.loads(line)
-        answers = [str(a) for a in raw["answers"] if a is not None]
-        counts = Counter(answers)
-        top = counts.most_common(2)
-        if len(answers) >= MIN_ANSWERS and (len(top) == 1 or top[0][1] > top[1][1]):
-            mode = top[0][0]
-            ordered = [mode] + [a for a, _ in counts.most_common() if a != mode]
-            probs = np.array([counts[a] for a in ordered], dtype=float) / len(answers)
-            kept.append(Record(str(raw["id"]), tuple(ordered), probs))
-    return kept
+    """The recorded questions the simulator keeps (enough non-null answers, a unique mode),
+    read as the simulator reads them (:func:`~blendserve.sim.data.load_jsonl`: a recording
+    or older answers), each answer with its recorded samples."""
+    dataset = load_jsonl(path)
+    assert dataset.recorded is not None
+    return [
+        Record(qid, tuple(str(samples[0].answer) for samples in answers), probs, answers)
+        for qid, probs, answers in zip(dataset.ids, dataset.probs, dataset.recorded, strict=True)
+    ]
 
 
 def synthetic_records(family: str, num_questions: int = 300, seed: int = 0) -> list[Record]:
@@ -128,7 +126,7 @@ class CountingReplayEngine(ReplayEngine):
     this engine answered (the pools report where the engine does).
     """
 
-    def __init__(self, data: Sequence[Mapping[str, Any]], **kwargs: Any) -> None:
+    def __init__(self, data: ReplayData, **kwargs: Any) -> None:
         self.requests_per_question: Counter[str] = Counter()
         self.pool_rounds: list[int] = []
         super().__init__(data, **kwargs)
@@ -149,9 +147,13 @@ class StreamEngine(CountingReplayEngine):
 
     The k-th sample of question q is the k-th draw of :class:`AnswerDraws`
     for ``(seed, q)``, whatever the order of requests: every method, the
-    simulator included, sees the same answers (common random numbers). A
-    question is found by its prompt or last message, else by its id (as the
-    replay engine finds it): ``/v1`` requests carry ids of their own.
+    simulator included, sees the same answers (common random numbers). Where
+    the record holds the answer's recorded samples, it is one of them, picked
+    by the k-th draw of a second stream for ``(seed, q)``, so that the same
+    answers come with the same lengths too; where not, the answer alone (the
+    engine's length model gives its length). A question is found by its prompt
+    or last message, else by its id (as the replay engine finds it): ``/v1``
+    requests carry ids of their own.
     """
 
     def __init__(self, records: list[Record], seed: int, latency: LatencyModel) -> None:
@@ -160,14 +162,32 @@ class StreamEngine(CountingReplayEngine):
         )
         self.dataset = Dataset("replay", [r.id for r in records], [r.probs for r in records])
         self._draws = AnswerDraws(self.dataset, seed)
-        # question id -> (its index, its distinct answers)
-        self._index = {r.id: (i, r.answers) for i, r in enumerate(records)}
+        self._seed = seed
+        # question index -> the generator picking its recorded samples
+        self._picks: dict[int, np.random.Generator] = {}
+        # question id -> its index
+        self._index = {r.id: i for i, r in enumerate(records)}
+        self._records = records
 
-    def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
-        q, answers = self._find(request)
-        return [answers[self._draws.next(q)] for _ in range(request.n)]
+    def _draw(
+        self, request: GenerateRequest, recorded: Sequence[RecordedSample]
+    ) -> list[RecordedSample]:
+        q = self._find(request)
+        return [self._sample(q, self._draws.next(q)) for _ in range(request.n)]
 
-    def _find(self, request: GenerateRequest) -> tuple[int, tuple[str, ...]]:
+    def _sample(self, q: int, answer: int) -> RecordedSample:
+        """A recorded sample of question ``q``'s ``answer``-th answer, else the answer alone.
+        A pick is drawn for every sample, so that the k-th of q is always the k-th pick."""
+        record = self._records[q]
+        if not record.samples:
+            return RecordedSample(record.answers[answer])
+        picks = self._picks.get(q)
+        if picks is None:
+            picks = self._picks[q] = np.random.default_rng((self._seed, q, 1))
+        samples = record.samples[answer]
+        return samples[min(int(picks.random() * len(samples)), len(samples) - 1)]
+
+    def _find(self, request: GenerateRequest) -> int:
         for key in (question_key(request), request.question_id):
             if key is not None and key in self._index:
                 return self._index[key]

@@ -1,9 +1,11 @@
 """The replay engine: our own fake model that serves recorded answers (docs/engines.md).
 
 A test double for schedulers, benchmarks, fault tests and demos: for a question it draws
-(with replacement) one of the answers recorded for it and renders a short completion in
-the answer format asked for, so extraction and voting run exactly as in production. A
-latency and capacity model imitates an engine's batch; fault injection a bad upstream.
+(with replacement) one of the samples recorded for it and renders a short completion of
+its answer in the answer format asked for, so extraction and voting run exactly as in
+production. A recording's lengths, finish and stop reasons and confidences are served as
+recorded (:mod:`blendserve.recordings.format`); a latency and capacity model imitates an
+engine's batch, fault injection a bad upstream.
 """
 
 from __future__ import annotations
@@ -23,10 +25,19 @@ from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRe
 from blendserve.engines.continuous import ContinuousBatch
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineProtocolError, EngineTimeout, EngineUnavailable
+from blendserve.recordings.format import RecordedQuestion, RecordedSample, merge, parse_record
 from blendserve.stats import NO_STATS, Stats, UpstreamOutcome
 from blendserve.util.jsonl import read_jsonl
 
-__all__ = ["LENGTHS", "FaultConfig", "LatencyModel", "ReplayEngine", "ReplayStats", "render"]
+__all__ = [
+    "LENGTHS",
+    "FaultConfig",
+    "LatencyModel",
+    "ReplayData",
+    "ReplayEngine",
+    "ReplayStats",
+    "render",
+]
 
 #: Sample lengths by name, as ``LatencyModel.length``: the rendered text's words; chain of
 #: thought (lognormal(5.58, 0.30), about 265 tokens); a reasoning model (about 2,100).
@@ -48,8 +59,9 @@ class LatencyModel:
     sample (its sequences run together), plus an exponential delay of mean
     ``exponential_mean`` seconds (seeded; 0: none); ``max_concurrent_sequences`` run at
     once like a GPU batch (None: unlimited), a request for n samples holding n. ``length``:
-    a sample's completion tokens, log-normal with ``(mu, sigma)`` of their logarithm
-    (seeded; None: the rendered text's words). A ``step_cost`` prices decode steps by width
+    the completion tokens of a sample recorded without them, log-normal with ``(mu,
+    sigma)`` of their logarithm (seeded; None: the rendered text's words); a sample recorded
+    with its tokens lasts those. A ``step_cost`` prices decode steps by width
     and context instead: the engine batches continuously
     (:class:`~blendserve.engines.continuous.ContinuousBatch`), each sample lasting its own
     tokens. ``time_scale`` multiplies each modelled step's time.
@@ -106,20 +118,49 @@ def render(answer: str | None, kind: str) -> tuple[str, str]:
     return f"{_REASONING} Putting it together, the answer is {answer}.", "stop"
 
 
-def _load(data: str | Path | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    if not isinstance(data, (str, Path)):
-        return list(data)
-    records: list[Mapping[str, Any]] = []
-    for lineno, record in read_jsonl(Path(data), "replay data"):
-        if not isinstance(record, dict):
-            raise ValueError(f"{data}:{lineno}: not a JSON object")
-        records.append(record)
-    return records
+#: What replay data may be: a recording's path, its lines, or its questions read.
+ReplayData = str | Path | Sequence[Mapping[str, Any] | RecordedQuestion]
+
+
+def _load(data: ReplayData) -> list[RecordedQuestion]:
+    """The recorded questions of ``data``, lines of one id merged; a line without an id is
+    named by its index among the lines."""
+    if isinstance(data, (str, Path)):
+        lines: list[tuple[str, Any]] = [
+            (f"{data}:{lineno}", record) for lineno, record in read_jsonl(Path(data), "replay data")
+        ]
+    else:
+        lines = [(f"replay record {i}", record) for i, record in enumerate(data)]
+    questions = []
+    for i, (where, record) in enumerate(lines):
+        if isinstance(record, RecordedQuestion):
+            questions.append(record)
+            continue
+        if isinstance(record, Mapping):
+            record = {"id": i, **record}
+        questions.append(parse_record(record, where))
+    return merge(questions)
 
 
 def _prompt_key(prompt: str | Sequence[int]) -> str:
     """A text prompt as is; token ids as their JSON list (``[1, 2, 3]``)."""
     return prompt if isinstance(prompt, str) else json.dumps(list(prompt))
+
+
+def _prompt_keys(question: RecordedQuestion) -> list[str]:
+    """What a request may find ``question`` by besides its id: its prompt (recorded as text or
+    as token ids, ``prompt`` or ``question``) and its last message's text content."""
+    keys = [] if question.prompt is None else [question.prompt]
+    alias = question.extra.get("question")
+    if isinstance(alias, str) or (
+        isinstance(alias, list) and all(isinstance(t, int) for t in alias)
+    ):
+        keys.append(_prompt_key(alias))
+    if question.messages:
+        content = question.messages[-1].get("content")
+        if isinstance(content, str):
+            keys.append(content)
+    return keys
 
 
 def _prompt_tokens(prompt: str | Sequence[int]) -> int:
@@ -197,24 +238,30 @@ class _Batch:
 
 
 class ReplayEngine(Engine):
-    """Serves recorded answers by question id, else by exact prompt.
+    """Serves recorded samples by question id, else by exact prompt (or the last recorded
+    message's content).
 
-    ``data`` is a JSONL file (``{"id", "answers": [...]}`` per line, optional
-    ``prompt``/``question``, a prompt given as a string or as token ids) or the records
-    themselves. ``seed`` seeds the answer draws (a request's own ``seed`` overrides it);
+    ``data`` is a recording (a JSONL file, :mod:`blendserve.recordings.format`: ``{"id",
+    "samples": [...]}`` or the older ``{"id", "answers": [...]}`` per line, optional
+    ``prompt``/``question``, a prompt given as a string or as token ids; lines of one id
+    are one question), its lines or its questions read. A drawn sample's answer is
+    rendered (:func:`render`); its recorded ``tokens`` are its completion tokens (else the
+    latency model's ``length``), its recorded finish reason (else the rendering's) and stop
+    reason are its own, and its recorded confidence is served where the request asks for
+    confidences. ``seed`` seeds the draws (a request's own ``seed`` overrides it);
     ``latency`` is zero by default; ``sink`` gets its samples and latencies as upstream
     ``replay``; ``answer_kind`` is the extractor its completions are written for
-    (:func:`render`; :meth:`rendering` gives the same engine for another).
+    (:meth:`rendering` gives the same engine for another).
 
     Raises:
-        ValueError: unreadable data or a record without an answers list.
+        ValueError: unreadable data, a malformed line (named) or a question without samples.
     """
 
     name = "replay"
 
     def __init__(
         self,
-        data: str | Path | Sequence[Mapping[str, Any]],
+        data: ReplayData,
         *,
         seed: int = 0,
         latency: LatencyModel | None = None,
@@ -223,20 +270,15 @@ class ReplayEngine(Engine):
         sink: Stats = NO_STATS,
         answer_kind: str = "auto",
     ) -> None:
-        # question id or prompt -> recorded answers (None: no answer)
-        self._answers: dict[str, list[str | None]] = {}
-        for i, record in enumerate(_load(data)):
-            answers = record.get("answers")
-            if not isinstance(answers, list) or not answers:
-                raise ValueError(f"replay record {i} has no answers list")
-            values = [None if a is None else str(a) for a in answers]
-            self._answers[str(record.get("id", i))] = values
-            for field in ("prompt", "question"):
-                prompt = record.get(field)
-                if isinstance(prompt, str) or (
-                    isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-                ):
-                    self._answers.setdefault(_prompt_key(prompt), values)
+        # question id, prompt or last message -> recorded samples
+        self._samples: dict[str, tuple[RecordedSample, ...]] = {}
+        for question in _load(data):
+            samples = question.samples
+            if not samples:
+                raise ValueError(f"replay question {question.id!r} has no recorded samples")
+            self._samples[question.id] = samples
+            for key in _prompt_keys(question):
+                self._samples.setdefault(key, samples)
         self.latency = latency or LatencyModel()
         self.faults = faults or FaultConfig()
         self.model_name = model_name
@@ -275,35 +317,36 @@ class ReplayEngine(Engine):
         sink.upstream_health(self.name, 1)
         sink.upstream_configured(self.name)
 
-    def _lookup(self, request: GenerateRequest) -> list[str | None]:
+    def _lookup(self, request: GenerateRequest) -> tuple[RecordedSample, ...]:
         keys = [request.question_id]
         if request.prompt is not None:
             keys.append(_prompt_key(request.prompt))
         if request.messages:
             keys.append(str(request.messages[-1].get("content")))
         for key in keys:
-            if key is not None and key in self._answers:
-                return self._answers[key]
+            if key is not None and key in self._samples:
+                return self._samples[key]
         raise EngineProtocolError(f"replay has no recorded answers for {keys[0] or keys[-1]!r}")
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        """Draws ``request.n`` recorded answers and renders them in its answer format."""
+        """Draws ``request.n`` recorded samples and renders them in its answer format."""
         return await self.replay(request, self.answer_kind)
 
     async def replay(self, request: GenerateRequest, kind: str) -> list[Sample]:
-        """``request.n`` recorded answers rendered for ``kind``, once the last has ended."""
+        """``request.n`` recorded samples rendered for ``kind``, once the last has ended."""
         return [sample async for sample in self.replay_stream(request, kind)]
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[Sample, None]:
-        """Each drawn answer as its modelled sample ends (see :meth:`replay_stream`)."""
+        """Each drawn sample as its modelled time ends (see :meth:`replay_stream`)."""
         async for sample in self.replay_stream(request, self.answer_kind):
             yield sample
 
     async def replay_stream(self, request: GenerateRequest, kind: str) -> AsyncIterator[Sample]:
-        """``request.n`` recorded answers rendered for ``kind``, each as its modelled time ends
-        (under a step-cost profile each its own; otherwise all together, after the request's
-        modelled delay). Every request comes through here, from :meth:`generate`,
-        :meth:`stream` or a :meth:`rendering`: the place for a test double to hook."""
+        """``request.n`` recorded samples rendered for ``kind``, each as its modelled time ends
+        (under a step-cost profile each its own, by its tokens; otherwise all together, after
+        the request's modelled delay). Every request comes through here, from
+        :meth:`generate`, :meth:`stream` or a :meth:`rendering`: the place for a test double
+        to hook."""
         recorded = self._lookup(request)
         drawn = self._draw(request, recorded)
         self.stats.requests += 1
@@ -313,13 +356,23 @@ class ReplayEngine(Engine):
         outcome: UpstreamOutcome = "failed"
         try:
             await self._fault(request)
-            texts = [render(a, kind) for a in drawn]
-            tokens = self._lengths(texts)
+            texts = [render(s.answer, kind) for s in drawn]
+            tokens = self._lengths(drawn, texts)
             text = request.prompt if request.prompt is not None else str(request.messages)
             prompt_tokens = _prompt_tokens(text)
+            # Like a real engine, confidences only where the request asked for logprobs.
+            confident = request.confidence is not None
             samples = [
-                Sample(text, finish, prompt_tokens, count, self.name)
-                for (text, finish), count in zip(texts, tokens, strict=True)
+                Sample(
+                    text,
+                    recorded.finish or finish,
+                    prompt_tokens,
+                    count,
+                    self.name,
+                    stop_reason=recorded.stop,
+                    confidence=recorded.confidence if confident else None,
+                )
+                for recorded, (text, finish), count in zip(drawn, texts, tokens, strict=True)
             ]
             if self._continuous is not None:
                 ends = self._continuous.ends(prompt_tokens, tokens, _prompt_key(text))
@@ -350,19 +403,30 @@ class ReplayEngine(Engine):
             delay *= self.faults.slow_factor
         return delay
 
-    def _draw(self, request: GenerateRequest, recorded: list[str | None]) -> list[str | None]:
-        """The ``request.n`` recorded answers to serve, drawn with replacement."""
+    def _draw(
+        self, request: GenerateRequest, recorded: Sequence[RecordedSample]
+    ) -> list[RecordedSample]:
+        """The ``request.n`` recorded samples to serve, drawn with replacement."""
         seed = request.params.seed
         rng = self._rng if seed is None else random.Random(seed)
         return [rng.choice(recorded) for _ in range(request.n)]
 
-    def _lengths(self, texts: list[tuple[str, str]]) -> list[int]:
-        """Completion tokens of each sample: the length model's, else the text's words."""
+    def _lengths(
+        self, drawn: Sequence[RecordedSample], texts: Sequence[tuple[str, str]]
+    ) -> list[int]:
+        """Completion tokens of each sample: as recorded; where not, the length model's (drawn
+        for those samples alone), else the rendered text's words."""
         length = self.latency.length
-        if length is None:
-            return [len(text.split()) for text, _ in texts]
-        mu, sigma = length
-        return [max(1, round(self._delay_rng.lognormvariate(mu, sigma))) for _ in texts]
+        tokens = []
+        for recorded, (text, _) in zip(drawn, texts, strict=True):
+            if recorded.tokens is not None:
+                tokens.append(recorded.tokens)
+            elif length is None:
+                tokens.append(len(text.split()))
+            else:
+                mu, sigma = length
+                tokens.append(max(1, round(self._delay_rng.lognormvariate(mu, sigma))))
+        return tokens
 
     async def _fault(self, request: GenerateRequest) -> None:
         roll = self._fault_rng.random()

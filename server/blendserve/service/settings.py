@@ -118,8 +118,9 @@ class Settings(BaseSettings):
     )
     replay_lengths: Literal["text", "cot", "reasoning"] = Field(
         "text",
-        description="replay engine: completion tokens a sample, the rendered text's words, or "
-        "log-normal as chain of thought (about 265) or a reasoning model (about 2,100)",
+        description="replay engine: completion tokens of a sample recorded without them, the "
+        "rendered text's words, or log-normal as chain of thought (about 265) or a reasoning "
+        "model (about 2,100)",
     )
     # The OpenAI-compatible routes: self-consistency defaults and request grouping.
     sc_budget_per_question: float = Field(8.0, gt=0, description="/v1: mean samples per question")

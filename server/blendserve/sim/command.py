@@ -12,6 +12,7 @@ from pathlib import Path
 from blendserve.sim.data import DataError, Dataset, load_jsonl
 from blendserve.sim.efficiency import (
     Curve,
+    MethodResult,
     TargetResult,
     is_budget_aware,
     sample_efficiency,
@@ -31,10 +32,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "simulate",
         help="measure sample efficiency of allocation policies (paper's method)",
         description="Samples each policy from the questions' true answer distributions and "
-        "prints the mean samples per question each needs to match SC@x's reducible error.",
+        "prints the mean samples per question each needs to match SC@x's reducible error "
+        "(and, on a recording with lengths, the mean completion tokens per question spent "
+        "there, each sample charged its question's mean recorded tokens).",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", type=Path, help="recorded answers, one JSON object per line")
+    source.add_argument("--data", type=Path, help="a recording (or recorded answers), one JSON "
+                        "object per line")  # fmt: skip
     source.add_argument("--synthetic", choices=sorted(FAMILIES), help="a synthetic family")
     parser.add_argument("--questions", type=int, default=1000, help="synthetic set size")
     parser.add_argument("--targets", default="32", help="comma-separated x of SC@x (default 32)")
@@ -68,32 +72,47 @@ def _load(args: argparse.Namespace) -> Dataset:
 
 
 def _format(dataset: Dataset, rows: list[TargetResult], args: argparse.Namespace) -> str:
+    """The table; a tokens column (mean completion tokens per question) where the data
+    records lengths."""
     lines = [
         f"{dataset.name}: {dataset.num_questions} questions ({dataset.num_dropped} dropped), "
         f"{args.reps} reps, batch {args.batch}"
     ]
     for row in rows:
+        header = f"  {'method':<16}{'samples':>9}{'ratio':>9}"
+        if any(r.tokens is not None for r in row.methods.values()):
+            header += f"{'tokens':>10}"
         lines.append(f"SC@{row.target}: reducible error {row.sc_error:.4f}")
-        lines.append(f"  {'method':<16}{'samples':>9}{'ratio':>9}")
+        lines.append(header)
         for label, result in row.methods.items():
             note = "" if result.reached else "  (not reached)"
-            lines.append(f"  {label:<16}{result.samples:>9.2f}{result.ratio:>8.2f}x{note}")
+            tokens = "" if result.tokens is None else f"{result.tokens:>10.0f}"
+            lines.append(f"  {label:<16}{result.samples:>9.2f}{result.ratio:>8.2f}x{tokens}{note}")
     return "\n".join(lines)
 
 
 def _to_json(rows: list[TargetResult]) -> dict[str, object]:
+    """The table as JSON; each method's ``tokens`` where the data records lengths."""
     return {
         "targets": {
             str(row.target): {
                 "sc_error": row.sc_error,
-                "methods": {
-                    label: {"samples": r.samples, "ratio": r.ratio, "reached": r.reached}
-                    for label, r in row.methods.items()
-                },
+                "methods": {label: _method_json(r) for label, r in row.methods.items()},
             }
             for row in rows
         }
     }
+
+
+def _method_json(result: MethodResult) -> dict[str, object]:
+    line: dict[str, object] = {
+        "samples": result.samples,
+        "ratio": result.ratio,
+        "reached": result.reached,
+    }
+    if result.tokens is not None:
+        line["tokens"] = result.tokens
+    return line
 
 
 def _plot(path: Path, curves: dict[str, Curve], rows: list[TargetResult], title: str) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
+
+from blendserve.recordings.format import RecordedQuestion, RecordedSample, merge, parse_record
+from blendserve.util.jsonl import read_jsonl
 
 __all__ = ["MIN_ANSWERS", "DataError", "Dataset", "load_jsonl"]
 
@@ -25,13 +26,17 @@ class Dataset:
     """Each question's "true" answer distribution (``probs``), most likely answer first.
 
     Answer 0 of every question is its true mode; questions whose mode is tied are
-    left out (counted in ``num_dropped``, with those of too few answers).
+    left out (counted in ``num_dropped``, with those of too few answers). A recorded
+    set keeps, per question and answer (in the order of ``probs``), the ``recorded``
+    samples that gave it: their lengths and confidences (None: synthetic or built
+    from distributions).
     """
 
     name: str
     ids: list[str]
     probs: list[NDArray[np.float64]]
     num_dropped: int = 0
+    recorded: list[tuple[tuple[RecordedSample, ...], ...]] | None = None
 
     @property
     def num_questions(self) -> int:
@@ -43,6 +48,23 @@ class Dataset:
         p1 = np.array([p[0] for p in self.probs])
         p2 = np.array([p[1] if len(p) > 1 else 0.0 for p in self.probs])
         return np.asarray((np.sqrt(p1) - np.sqrt(p2)) ** 2)
+
+    def mean_tokens(self) -> NDArray[np.float64] | None:
+        """Per question, the completion tokens a simulated sample of it is charged: the mean
+        recorded tokens of its samples that gave an answer (those the simulator draws
+        from; a sample with no answer is never drawn, its tokens no more counted than the
+        sample). That is the expected length of the answer drawn, so a run's tokens are
+        ``sum over q of samples(q) * mean_tokens[q]``. None: some question has no
+        recorded length (older data has none)."""
+        if self.recorded is None:
+            return None
+        means = []
+        for answers in self.recorded:
+            lengths = [s.tokens for samples in answers for s in samples if s.tokens is not None]
+            if not lengths:
+                return None
+            means.append(sum(lengths) / len(lengths))
+        return np.asarray(means, dtype=np.float64)
 
     @classmethod
     def from_probs(cls, name: str, probs: list[NDArray[np.float64]]) -> Dataset:
@@ -60,45 +82,49 @@ class Dataset:
 
 
 def load_jsonl(path: str | Path) -> Dataset:
-    """Reads recorded answers: one JSON object per line with ``id`` and ``answers``.
+    """Reads a recording (:mod:`blendserve.recordings.format`): one JSON object per line,
+    ``{"id", "samples": [...]}`` or the older ``{"id", "answers": [...]}``; lines of one
+    id are one question (a line without one is named by its number).
 
-    A question's distribution is the frequency of its non-null answers; questions
-    with fewer than :data:`MIN_ANSWERS` of them or a tied mode are dropped.
+    A question's distribution is the frequency of its non-null answers, most frequent
+    first (ties in the order first seen); questions with fewer than
+    :data:`MIN_ANSWERS` of them or a tied mode are dropped.
 
     Raises:
-        DataError: unreadable file, malformed line (with its number), or no usable question.
+        DataError: unreadable file, malformed line (named ``file:line``), or no usable
+            question.
     """
     path = Path(path)
+    questions: list[RecordedQuestion] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
+        for lineno, record in read_jsonl(path, "recorded answers"):
+            if isinstance(record, dict) and "id" not in record:
+                record = {**record, "id": lineno}
+            questions.append(parse_record(record, f"{path}:{lineno}"))
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
     ids: list[str] = []
     probs: list[NDArray[np.float64]] = []
-    num_read = 0
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-        answers = record.get("answers") if isinstance(record, dict) else None
-        if not isinstance(answers, list):
-            raise DataError(f"{path}:{lineno}: expected an object with an 'answers' list")
-        num_read += 1
-        votes = Counter(json.dumps(a) if isinstance(a, (dict, list)) else a for a in answers)
-        votes.pop(None, None)
-        counts = sorted(votes.values(), reverse=True)
+    recorded: list[tuple[tuple[RecordedSample, ...], ...]] = []
+    merged = merge(questions)
+    for question in merged:
+        by_answer: dict[str, list[RecordedSample]] = {}
+        for sample in question.samples:
+            if sample.answer is not None:
+                by_answer.setdefault(sample.answer, []).append(sample)
+        # A stable sort: answers of equal counts stay in the order first seen.
+        answers = sorted(by_answer.values(), key=len, reverse=True)
+        counts = [len(samples) for samples in answers]
         if sum(counts) < MIN_ANSWERS or (len(counts) > 1 and counts[0] == counts[1]):
             continue
-        ids.append(str(record.get("id", lineno)))
+        ids.append(question.id)
         probs.append(np.asarray(counts, dtype=np.float64) / sum(counts))
-    if num_read == 0:
+        recorded.append(tuple(tuple(samples) for samples in answers))
+    if not merged:
         raise DataError(f"{path}: no questions (empty file)")
     if not probs:
         raise DataError(
-            f"{path}: all {num_read} questions dropped "
+            f"{path}: all {len(merged)} questions dropped "
             f"(fewer than {MIN_ANSWERS} answers or a tied most frequent answer)"
         )
-    return Dataset(path.stem, ids, probs, num_read - len(probs))
+    return Dataset(path.stem, ids, probs, len(merged) - len(probs), recorded)

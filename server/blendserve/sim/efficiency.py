@@ -3,7 +3,10 @@
 Methods whose choices do not depend on the budget give their whole error
 curve in one run per repetition; budget-aware ones (:func:`is_budget_aware`,
 and the online method) are run at each budget their search needs, each
-charged the mean samples it actually spent there.
+charged the mean samples it actually spent there. On a recording with
+lengths, each is charged tokens too: a sample of question q costs q's mean
+recorded tokens (:meth:`~blendserve.sim.data.Dataset.mean_tokens`), so a run
+spends ``sum over q of samples(q) * mean_tokens[q]``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -22,7 +26,7 @@ from blendserve.core.online_rule import OnlineRule
 from blendserve.core.policies import DEFAULT_POLICY, POLICIES, PolicySpec
 from blendserve.sim.data import Dataset
 from blendserve.sim.online import run_online
-from blendserve.sim.runner import run_policy, run_sc
+from blendserve.sim.runner import run_policy, run_sc, trace_policy
 
 __all__ = [
     "Curve",
@@ -38,9 +42,12 @@ __all__ = [
 _SEARCH_TOLERANCE = 0.02
 
 _dataset: Dataset | None = None
+_tokens: NDArray[np.float64] | None = None  # question -> a sample's tokens (None: no lengths)
+# One run: wrong after each sample, and where the data has lengths the tokens spent so far.
+_Run = tuple[NDArray[np.int32], NDArray[np.float64] | None]
+# map() or a process pool's: a worker function over its tasks
 _Map = Callable[
-    [Callable[[tuple[str, int, int, int]], NDArray[np.int32]], list[tuple[str, int, int, int]]],
-    Iterator[NDArray[np.int32]],
+    [Callable[[tuple[str, int, int, int]], Any], list[tuple[str, int, int, int]]], Iterator[Any]
 ]
 
 
@@ -50,24 +57,28 @@ def parse_policy(label: str) -> PolicySpec:
     return PolicySpec.parse(f"{DEFAULT_POLICY}{sep}{rest}" if name == "default" else label)
 
 
-def _init_worker(dataset: Dataset) -> None:
-    global _dataset
-    _dataset = dataset
+def _init_worker(dataset: Dataset, tokens: NDArray[np.float64] | None) -> None:
+    global _dataset, _tokens
+    _dataset, _tokens = dataset, tokens
 
 
-def _run_in_worker(args: tuple[str, int, int, int]) -> NDArray[np.int32]:
+def _run_in_worker(args: tuple[str, int, int, int]) -> _Run:
     label, budget, seed, batch = args
     assert _dataset is not None
-    if label == "sc":
-        return run_sc(_dataset, budget // _dataset.num_questions, seed)
-    return run_policy(_dataset, parse_policy(label), budget, seed, batch)
+    if label == "sc":  # every question alike: its tokens follow from its samples
+        return run_sc(_dataset, budget // _dataset.num_questions, seed), None
+    if _tokens is None:
+        return run_policy(_dataset, parse_policy(label), budget, seed, batch), None
+    run = trace_policy(_dataset, parse_policy(label), budget, seed, batch)
+    return run.wrong, np.cumsum(_tokens[run.questions])
 
 
-def _online_in_worker(args: tuple[str, int, int, int]) -> tuple[int, int]:
+def _online_in_worker(args: tuple[str, int, int, int]) -> tuple[int, int, float]:
     label, budget, seed, _ = args
     assert _dataset is not None
     run = run_online(_dataset, OnlineRule.parse(label), budget / _dataset.num_questions, seed)
-    return run.num_wrong, int(run.samples.sum())
+    tokens = 0.0 if _tokens is None else float(run.samples @ _tokens[run.questions])
+    return run.num_wrong, int(run.samples.sum()), tokens
 
 
 def _is_online(label: str) -> bool:
@@ -81,10 +92,13 @@ class Curve:
     Attributes:
         samples: mean samples per question at each point.
         errors: reducible error at each point, averaged over repetitions.
+        tokens: mean completion tokens per question at each point (None: the data
+            records no lengths).
     """
 
     samples: NDArray[np.float64]
     errors: NDArray[np.float64]
+    tokens: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,11 +110,14 @@ class MethodResult:
             it never did, as in the paper).
         ratio: ``x / samples``.
         reached: whether the method reached the target within x.
+        tokens: mean completion tokens per question spent there (SC@x's when it
+            never reached it; None: the data records no lengths).
     """
 
     samples: float
     ratio: float
     reached: bool
+    tokens: float | None = None
 
 
 @dataclass
@@ -115,61 +132,96 @@ class TargetResult:
 class _Runner:
     """Runs repetitions inline or on a process pool."""
 
-    def __init__(self, dataset: Dataset, reps: int, seed: int, batch: int, map_fn: _Map) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        tokens: NDArray[np.float64] | None,
+        reps: int,
+        seed: int,
+        batch: int,
+        map_fn: _Map,
+    ) -> None:
         self.dataset = dataset
+        self.tokens = tokens
         self.seeds = [seed + r for r in range(reps)]
         self.batch = batch
         self._map = map_fn
         self._final_errors: dict[tuple[str, int], float] = {}
-        # (label, budget) -> mean samples per question actually spent
+        # (label, budget) -> mean samples (tokens) per question actually spent
         self.spent: dict[tuple[str, int], float] = {}
+        self.spent_tokens: dict[tuple[str, int], float] = {}
 
-    def runs(self, label: str, budget: int) -> list[NDArray[np.int32]]:
+    def runs(self, label: str, budget: int) -> list[_Run]:
         tasks = [(label, budget, s, self.batch) for s in self.seeds]
         return list(self._map(_run_in_worker, tasks))
 
     def curve(self, label: str, budget: int) -> Curve:
-        """Error after every sample, averaged; a run that stopped early keeps its last error.
+        """Error (and tokens) after every sample, averaged; a run that stopped early keeps
+        its last error and tokens.
 
         Plain SC is measured at whole samples per question only.
         """
         runs = self.runs(label, budget)
-        length = max(len(r) for r in runs)
-        padded = np.stack([np.pad(r, (0, length - len(r)), mode="edge") for r in runs])
+        length = max(len(wrong) for wrong, _ in runs)
         n = self.dataset.num_questions
         step = n if label == "sc" else 1
-        return Curve(np.arange(1, length + 1) * step / n, padded.mean(axis=0) / n)
+        samples = np.arange(1, length + 1) * step / n
+        errors = _padded_mean([wrong for wrong, _ in runs], length) / n
+        tokens = None
+        if self.tokens is not None:
+            if label == "sc":  # x samples of every question
+                tokens = samples * float(self.tokens.mean())
+            else:
+                spent = [t for _, t in runs if t is not None]
+                tokens = _padded_mean(spent, length) / n
+        return Curve(samples, errors, tokens)
 
     def final_error(self, label: str, budget: int) -> float:
         """Mean reducible error at the end of runs with this budget (memoised)."""
         key = (label, budget)
         if key not in self._final_errors and _is_online(label):
             tasks = [(label, budget, s, self.batch) for s in self.seeds]
-            results = list(self._map(_online_in_worker, tasks))  # type: ignore[arg-type]
+            results: list[tuple[int, int, float]] = list(self._map(_online_in_worker, tasks))
             n = self.dataset.num_questions * len(results)
-            self._final_errors[key] = sum(wrong for wrong, _ in results) / n
-            self.spent[key] = sum(spent for _, spent in results) / n
+            self._final_errors[key] = sum(wrong for wrong, _, _ in results) / n
+            self.spent[key] = sum(spent for _, spent, _ in results) / n
+            self.spent_tokens[key] = sum(tokens for _, _, tokens in results) / n
         if key not in self._final_errors:
             runs = self.runs(label, budget)
             n = self.dataset.num_questions * len(runs)
-            self._final_errors[key] = sum(int(r[-1]) for r in runs) / n
-            self.spent[key] = sum(len(r) for r in runs) / n
+            self._final_errors[key] = sum(int(wrong[-1]) for wrong, _ in runs) / n
+            self.spent[key] = sum(len(wrong) for wrong, _ in runs) / n
+            self.spent_tokens[key] = sum(float(t[-1]) for _, t in runs if t is not None) / n
         return self._final_errors[key]
+
+
+def _padded_mean(runs: Sequence[NDArray[np.generic]], length: int) -> NDArray[np.float64]:
+    """The mean of ``runs`` after each step, each run that ended early kept at its last value."""
+    padded = np.stack([np.pad(r, (0, length - len(r)), mode="edge") for r in runs])
+    return np.asarray(padded.mean(axis=0), dtype=np.float64)
 
 
 @contextmanager
 def _runner(dataset: Dataset, reps: int, seed: int, batch: int, jobs: int) -> Iterator[_Runner]:
+    tokens = dataset.mean_tokens()
+    # The workers need the distributions alone: the recorded samples stay here.
+    shared = replace(dataset, recorded=None)
     if jobs <= 1:
-        _init_worker(dataset)
-        yield _Runner(dataset, reps, seed, batch, map)
+        _init_worker(shared, tokens)
+        yield _Runner(dataset, tokens, reps, seed, batch, map)
         return
-    with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(dataset,)) as pool:
-        yield _Runner(dataset, reps, seed, batch, pool.map)
+    with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(shared, tokens)) as pool:
+        yield _Runner(dataset, tokens, reps, seed, batch, pool.map)
 
 
-def _first_crossing(curve: Curve, bar: float, limit: float) -> float | None:
+def _first_crossing(curve: Curve, bar: float, limit: float) -> int | None:
+    """The first point of ``curve`` at or under ``bar`` within ``limit`` samples."""
     hits = np.flatnonzero((curve.errors <= bar) & (curve.samples <= limit + 1e-9))
-    return float(curve.samples[hits[0]]) if len(hits) else None
+    return int(hits[0]) if len(hits) else None
+
+
+def _tokens_at(curve: Curve, point: int | None) -> float | None:
+    return None if curve.tokens is None or point is None else float(curve.tokens[point])
 
 
 def _search_budget(
@@ -213,7 +265,8 @@ def sample_efficiency(
     jobs: int = 1,
     curves: dict[str, Curve] | None = None,
 ) -> list[TargetResult]:
-    """The paper's table: samples each method needs to match SC@x, for each x of ``targets``.
+    """The paper's table: samples each method needs to match SC@x, for each x of ``targets``
+    (and the tokens it spends there, where the data records lengths: see the module).
 
     ``methods`` are policy specs such as ``blend`` or ``asc:cap=16``, each point
     averaged over ``reps`` seeded repetitions from ``seed``, ``batch`` questions
@@ -246,9 +299,15 @@ def sample_efficiency(
             curves.setdefault("sc", sc)
         for x in sorted(targets):
             bar = float(sc.errors[x - 1])
+            sc_tokens = _tokens_at(sc, x - 1)
             row = TargetResult(x, bar)
-            guesses = [s for c in fixed.values() if (s := _first_crossing(c, bar, x)) is not None]
+            guesses = [
+                float(c.samples[i])
+                for c in fixed.values()
+                if (i := _first_crossing(c, bar, x)) is not None
+            ]
             for label in methods:
+                tokens = None
                 if label not in fixed:
                     # Run at each budget searched, charged what it spent there (a
                     # paced or stopping method may spend less than its budget).
@@ -256,13 +315,19 @@ def sample_efficiency(
                     guess = min(guesses, default=x / 2)
                     found = _search_budget(error_at, bar, n, x * n, guess)
                     samples = None if found is None else runner.spent[(label, found)]
+                    if found is not None and sc_tokens is not None:
+                        tokens = runner.spent_tokens[(label, found)]
                 elif label == "sc":
-                    samples = float(x)  # the bar itself
+                    samples, tokens = float(x), sc_tokens  # the bar itself
                 else:
-                    samples = _first_crossing(fixed[label], bar, x)
+                    point = _first_crossing(fixed[label], bar, x)
+                    samples = None if point is None else float(fixed[label].samples[point])
+                    tokens = _tokens_at(fixed[label], point)
                 reached = samples is not None
                 cost = samples if samples is not None else float(x)
-                row.methods[label] = MethodResult(cost, x / cost, reached)
+                row.methods[label] = MethodResult(
+                    cost, x / cost, reached, tokens if reached else sc_tokens
+                )
             results.append(row)
     return results
 
@@ -284,7 +349,10 @@ def searched_curve(
     with _runner(dataset, reps, seed, batch, jobs) as runner:
         errors = [runner.final_error(label, b) for b in budgets]
         spent = [runner.spent[(label, b)] for b in budgets]
-    return Curve(np.asarray(spent), np.asarray(errors))
+        tokens = None
+        if runner.tokens is not None:
+            tokens = np.asarray([runner.spent_tokens[(label, b)] for b in budgets])
+    return Curve(np.asarray(spent), np.asarray(errors), tokens)
 
 
 def is_budget_aware(label: str) -> bool:

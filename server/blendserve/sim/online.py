@@ -26,12 +26,14 @@ __all__ = ["OnlineRun", "run_online"]
 class OnlineRun:
     """One pass over the stream: ``num_wrong`` questions whose voted answer is not the true
     mode, and per question (in stream order) the samples spent, the waves (``rounds``)
-    requested and the log price it started under."""
+    requested, the log price it started under and its index in the dataset
+    (``questions``)."""
 
     num_wrong: int
     samples: NDArray[np.int64]
     rounds: NDArray[np.int64]
     log_prices: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    questions: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def running_mean(self) -> NDArray[np.float64]:
         """Mean samples per question after each finished question."""
@@ -69,4 +71,4 @@ def run_online(
         price.close(votes.num_samples[q])
         learning.finished(*votes.state(q)[:2], votes.num_samples[q], keys)
         num_wrong += votes.answer(q) != 0
-    return OnlineRun(num_wrong, samples, rounds, log_prices)
+    return OnlineRun(num_wrong, samples, rounds, log_prices, order)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from blendserve.core.policies import AllocationPolicy, PolicySpec
 from blendserve.core.votes import VoteState
 from blendserve.sim.data import Dataset
 
-__all__ = ["AnswerDraws", "build_policy", "run_policy", "run_sc"]
+__all__ = ["AnswerDraws", "PolicyRun", "build_policy", "run_policy", "run_sc", "trace_policy"]
 
 _CHUNK = 32
 
@@ -57,21 +58,31 @@ def build_policy(spec: PolicySpec, dataset: Dataset, budget: int, seed: int) -> 
     return spec.build(dataset.num_questions, budget, **extra)
 
 
-def run_policy(
+@dataclass(frozen=True)
+class PolicyRun:
+    """One run of a policy: ``wrong[t]``, the questions whose plurality answer differs from
+    the true mode after ``t + 1`` samples, and ``questions[t]``, the question the
+    ``t + 1``-th sample went to."""
+
+    wrong: NDArray[np.int32]
+    questions: NDArray[np.int32]
+
+
+def trace_policy(
     dataset: Dataset, spec: PolicySpec, budget: int, seed: int, batch: int = 1
-) -> NDArray[np.int32]:
+) -> PolicyRun:
     """Runs ``spec`` on ``budget`` samples until they are spent or it stops.
 
     ``seed`` seeds both the answer draws and the policy's tie-break; ``batch`` is
-    the questions selected per decision (paper, "batched prompts"). Returns
-    ``wrong[t]``: questions whose plurality answer differs from the true mode
-    after ``t + 1`` samples (a question with no sample counts as wrong).
+    the questions selected per decision (paper, "batched prompts"). A question with
+    no sample counts as wrong.
     """
     policy = build_policy(spec, dataset, budget, seed)
     draws = AnswerDraws(dataset, seed)
     leaders = policy.votes.leaders
     num_wrong = dataset.num_questions
     wrong: list[int] = []
+    questions: list[int] = []
     while True:
         chosen = policy.select(batch)
         if not chosen:
@@ -81,7 +92,16 @@ def run_policy(
             policy.observe(q, draws.next(q))
             num_wrong += was_right - (leaders[q] == 0)
             wrong.append(num_wrong)
-    return np.asarray(wrong, dtype=np.int32)
+            questions.append(q)
+    return PolicyRun(np.asarray(wrong, dtype=np.int32), np.asarray(questions, dtype=np.int32))
+
+
+def run_policy(
+    dataset: Dataset, spec: PolicySpec, budget: int, seed: int, batch: int = 1
+) -> NDArray[np.int32]:
+    """``wrong[t]`` of :func:`trace_policy`: questions whose plurality answer differs from
+    the true mode after ``t + 1`` samples."""
+    return trace_policy(dataset, spec, budget, seed, batch).wrong
 
 
 def run_sc(dataset: Dataset, max_samples: int, seed: int) -> NDArray[np.int32]:

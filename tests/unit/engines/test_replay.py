@@ -141,8 +141,13 @@ def test_bad_data(tmp_path: Path) -> None:
     bad.write_text('{"id": "a", "answers": ["1"]}\n{broken\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         ReplayEngine(bad)
-    with pytest.raises(ValueError, match="no answers list"):
+    with pytest.raises(ValueError, match="'a' has no recorded samples"):
         ReplayEngine([{"id": "a", "answers": []}])
+    with pytest.raises(ValueError, match=r"replay record 1: expected an object with a 'samples'"):
+        ReplayEngine([{"id": "a", "answers": ["1"]}, {"id": "b"}])
+    bad.write_text('{"id": "a", "samples": [{"answer": "1", "tokens": -3}]}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: samples\[0\]\.tokens: must be a count"):
+        ReplayEngine(bad)
 
 
 def test_capacity_serves_waiting_requests_in_arrival_order_and_skips_the_cancelled() -> None:

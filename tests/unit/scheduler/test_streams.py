@@ -7,7 +7,7 @@ the rest. Modelled time runs on the simulator's virtual clock.
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from blendserve.answers import extract
@@ -16,6 +16,7 @@ from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.engines.step_cost import StepCost
 from blendserve.errors import EngineUnavailable
+from blendserve.recordings import RecordedSample
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.streams import merged
@@ -36,7 +37,9 @@ class _Lengths(ReplayEngine):
         super().__init__([{"id": "q", "answers": answers}], latency=latency, answer_kind="exact")
         self.lengths = iter(lengths)
 
-    def _lengths(self, texts: list[tuple[str, str]]) -> list[int]:
+    def _lengths(
+        self, drawn: Sequence[RecordedSample], texts: Sequence[tuple[str, str]]
+    ) -> list[int]:
         return [next(self.lengths) for _ in texts]
 
 

@@ -69,3 +69,63 @@ def test_d2_weights_confident_questions_more_than_d1() -> None:
 def test_unknown_family() -> None:
     with pytest.raises(ValueError, match="unknown synthetic family"):
         synthetic("d9")
+
+
+def _samples(answers: list[object], tokens: list[int]) -> list[dict[str, object]]:
+    pairs = zip(answers, tokens, strict=True)
+    return [{"answer": a, "tokens": t, "finish": "stop"} for a, t in pairs]
+
+
+def test_a_recording_reads_as_its_answers_do_and_keeps_each_answers_samples(
+    tmp_path: Path,
+) -> None:
+    answers = ["b", "a", None, "a", "c", "a", "b", "a", "a", "a"]
+    tokens = [30, 10, 99, 12, 40, 14, 50, 16, 18, 20]
+    old = load_jsonl(_write(tmp_path, [_record("q1", answers)]))
+    line = {"id": "q1", "samples": _samples(answers, tokens)}
+    new = load_jsonl(_write(tmp_path, [json.dumps(line)]))
+    assert new.ids == old.ids and new.num_dropped == old.num_dropped
+    np.testing.assert_array_equal(new.probs[0], old.probs[0])
+    assert old.recorded is not None and old.mean_tokens() is None  # older data: no lengths
+    assert new.recorded is not None
+    (by_answer,) = new.recorded
+    # Aligned with probs: the mode first, then by count, ties in the order first seen.
+    assert [{s.answer for s in samples} for samples in by_answer] == [{"a"}, {"b"}, {"c"}]
+    assert [[s.tokens for s in samples] for samples in by_answer] == [
+        [10, 12, 14, 16, 18, 20], [30, 50], [40],
+    ]  # fmt: skip
+    # The null answer's sample is never drawn, and its tokens are not charged.
+    mean = new.mean_tokens()
+    assert mean is not None
+    np.testing.assert_allclose(mean, [(sum(tokens) - 99) / 9])
+
+
+def test_lines_of_one_id_are_one_question(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"id": "q", "samples": _samples(["a"] * 3 + ["b"] * 2, [5] * 5)}),
+        _record("other", ["x"] * 8),
+        json.dumps({"id": "q", "samples": _samples(["a"] * 2 + ["b"], [8] * 3)}),
+    ]
+    data = load_jsonl(_write(tmp_path, lines))
+    assert data.ids == ["q", "other"] and data.num_dropped == 0
+    np.testing.assert_allclose(data.probs[0], [5 / 8, 3 / 8])
+    # "other" was recorded without lengths: the set has no tokens figure.
+    assert data.mean_tokens() is None
+    alone = load_jsonl(_write(tmp_path, [lines[0], lines[2]]))
+    mean = alone.mean_tokens()
+    assert mean is not None and mean.tolist() == [(5 * 5 + 8 * 3) / 8]
+
+
+@pytest.mark.parametrize(
+    "sample,message",
+    [
+        ({"answer": "a", "tokens": -1}, r"answers\.jsonl:2: samples\[1\]\.tokens: must be a count"),
+        ({"answer": "a", "confidence": {"mean": "high"}}, r"answers\.jsonl:2: samples\[1\]: "),
+        ("a", r"answers\.jsonl:2: samples\[1\]: not an object"),
+    ],
+)
+def test_a_bad_sample_names_its_file_and_line(tmp_path: Path, sample: object, message: str) -> None:
+    bad = {"id": "q", "samples": [{"answer": "a"}, sample]}
+    lines = [_record("ok", ["a"] * 9), json.dumps(bad)]
+    with pytest.raises(DataError, match=message):
+        load_jsonl(_write(tmp_path, lines))
