@@ -25,9 +25,12 @@ from blendserve_client.options import AnswerKind
 __all__ = ["add_arguments", "add_parser", "main", "read_questions", "run"]
 
 DESCRIPTION = (
-    "Reads one question a line ({'id', 'prompt' | 'messages'} or a JSON string), streams "
-    "the job, prints each answer as a JSON line when it settles."
+    "Reads one question a line ({'id', 'prompt' | 'messages'} or a JSON string; other "
+    "fields, such as a recording's gold and samples, are not sent), streams the job, "
+    "prints each answer as a JSON line when it settles."
 )
+#: The fields of a questions file's line that make a question; the rest are not sent.
+QUESTION_FIELDS = ("id", "prompt", "messages")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -121,14 +124,7 @@ def _questions(stream: BinaryIO, path: Path) -> list[Any]:
             raise ValueError(f"{path}:{lineno}: not UTF-8") from None
         if not line.strip():
             continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise ValueError(f"{path}:{lineno}: JSON nested too deep") from None
-        except ValueError as exc:  # a number past Python's digit limit
-            raise ValueError(f"{path}:{lineno}: {exc}") from None
+        item = _parsed(line, f"{path}:{lineno}")
         if not isinstance(item, (str, dict)):
             raise ValueError(f"{path}:{lineno}: expected an object or a string")
         if not _encodable(item):
@@ -136,10 +132,24 @@ def _questions(stream: BinaryIO, path: Path) -> list[Any]:
                 f"{path}:{lineno}: a lone surrogate (such as \\ud800) is not text: "
                 "UTF-8 cannot encode it"
             )
+        if isinstance(item, dict):
+            item = {k: v for k, v in item.items() if k in QUESTION_FIELDS}
         questions.append(item)
     if not questions:
         raise ValueError(f"{path}: no questions")
     return questions
+
+
+def _parsed(line: str, where: str) -> Any:
+    """A line's JSON; raises ValueError naming ``where``."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deep") from None
+    except ValueError as exc:  # a number past Python's digit limit
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _encodable(item: Any) -> bool:

@@ -12,6 +12,7 @@ from blendserve.core.signals import Confidence, ConfidenceSpec
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, SamplingParams
 from blendserve.recordings import merge, parse_record
 from blendserve.recordings.recorder import RecordPlan, read_questions, record, recorded
+from blendserve_client.cli import read_questions as solve_questions
 
 from tests.support.running import run_coroutine
 
@@ -171,3 +172,13 @@ def test_a_bad_recording_line_names_its_place(record_line: object, message: str)
     with pytest.raises(ValueError, match=message) as caught:
         parse_record(record_line, "rec.jsonl:9")
     assert str(caught.value).startswith("rec.jsonl:9")
+
+
+def test_the_solve_command_sends_a_recordings_questions_without_its_samples(
+    tmp_path: Path,
+) -> None:
+    """A questions file or recording replays through ``blendserve solve`` as it is: its
+    answer keys and samples are not part of a question, and are not sent."""
+    path = tmp_path / "recording.jsonl"
+    path.write_text('{"id": "a", "prompt": "x", "gold": "1", "samples": []}\n"plain"\n')
+    assert solve_questions(path) == [{"id": "a", "prompt": "x"}, "plain"]
