@@ -153,8 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not questions:
         print(f"report: {args.recording}: no question has an answer key (gold)", file=sys.stderr)
         return 2
-    figures = report(questions)
-    print(_table(figures))
+    figures = {"all": report(questions)}
+    sets = sorted({q.id.split("-")[0] for q in questions})
+    if len(sets) > 1:  # ids named "<set>-<n>": each set on its own too
+        for name in sets:
+            figures[name] = report([q for q in questions if q.id.split("-")[0] == name])
+    for name, figure in figures.items():
+        print(f"## {name}\n{_table(figure)}\n")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
