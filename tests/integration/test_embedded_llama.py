@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from blendserve.answers import extract
-from blendserve.engines import GenerateRequest, SamplingParams
+from blendserve.core.signals import ConfidenceSpec
+from blendserve.engines import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import RetryPolicy, Timeouts
 from blendserve.engines.embedded import (
     EmbeddedEngine,
@@ -29,6 +30,7 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
 from tests.integration.test_metrics import assert_samples_add_up, upstream_samples
+from tests.support.confidence import assert_read
 from tests.support.live import LiveServer, serve_engine
 from tests.support.running import run_coroutine
 from tests.support.waiting import wait_until
@@ -49,6 +51,13 @@ MODEL = "qwen2.5-coder-0.5b"
 QWEN_ENDS = ("151643", "151645")
 #: Tokens of a long sample that set the server's pace: a 50th of the cut one's.
 PACE_TOKENS = 30
+
+#: Confidence read from the top 5 logprobs, over windows of 8 tokens and blocks of 5: a
+#: sample of :data:`CONFIDENCE_TOKENS` is two whole windows and ends in a short block.
+#: llama-cpp-python sorts the whole vocabulary in Python for each token it gives logprobs
+#: for, so these samples are short.
+CONFIDENCE = ConfidenceSpec(top_logprobs=5, window=8, tail=8, block=5)
+CONFIDENCE_TOKENS = 16
 
 #: The model's samples run on the CPU: a coroutine may take minutes.
 on_cpu = partial(run_coroutine, timeout=240)
@@ -150,6 +159,41 @@ def test_cancellation_frees_the_upstream(server: EmbeddedLlamaServer) -> None:
     # Held behind the cut sample, the short one would wait for the rest of its 1,500 tokens.
     assert short < 6 * max(before, after), (before, short, after)
     assert server.running
+
+
+def _counting(chat: bool, n: int, max_tokens: int, **kwargs: Any) -> GenerateRequest:
+    """A request for ``n`` samples that count on past ``max_tokens`` (they cannot end)."""
+    text = "Count from 1 to 100, separated by commas:"
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.8,
+        extra={"logit_bias": {token: -100 for token in QWEN_ENDS}},
+    )
+    if chat:
+        messages = [{"role": "user", "content": text}]
+        return GenerateRequest(messages=messages, n=n, params=params, **kwargs)
+    return GenerateRequest(prompt=text, n=n, params=params, **kwargs)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["unstreamed", "streamed"])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_samples_confidence_is_read_from_llama_cpps_logprobs(
+    server: EmbeddedLlamaServer, chat: bool, streamed: bool
+) -> None:
+    request = _counting(chat, n=1, max_tokens=CONFIDENCE_TOKENS, confidence=CONFIDENCE)
+
+    async def scenario() -> tuple[list[Sample], list[Sample]]:
+        async with OpenAIEngine(
+            [server.base_url], stream=streamed, timeouts=Timeouts(call=120)
+        ) as engine:
+            read = await engine.generate(request)
+            unread = await engine.generate(_counting(chat, n=1, max_tokens=4))
+            return read, unread
+
+    (sample,), (plain,) = on_cpu(scenario())
+    assert sample.completion_tokens == CONFIDENCE_TOKENS, sample
+    assert_read(sample.confidence, sample.completion_tokens, CONFIDENCE)
+    assert plain.completion_tokens == 4 and plain.confidence is None
 
 
 def test_a_dead_replica_is_retried_on_the_live_one(server: EmbeddedLlamaServer) -> None:

@@ -7,6 +7,7 @@ counts and token counters against what blendserve reports.
 
 import ast
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -21,11 +22,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from blendserve.core.signals import Confidence, ConfidenceSpec
+from blendserve.engines import GenerateRequest, Sample, SamplingParams
+from blendserve.engines.config import Timeouts
+from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
 
 from tests.integration.test_docs_examples import page_blocks, substitute
 from tests.support.command import free_port
+from tests.support.confidence import assert_read
 from tests.support.live import LiveServer
+from tests.support.running import run_coroutine
 from tests.support.vllm import (
     ENV,
     MODEL,
@@ -467,3 +474,110 @@ def test_in_process_stream_hands_samples_over_as_they_end_aborts_the_rest_and_ca
         fit,
         profile,
     )
+
+
+#: Confidence read from the top 5 logprobs, over windows of 16 tokens and blocks of 5: a
+#: sample of :data:`CONFIDENCE_TOKENS` (its end-of-sequence ignored) is two whole windows
+#: and ends in a short block. Two such samples a request: a few seconds on 2 cores.
+CONFIDENCE = ConfidenceSpec(top_logprobs=5, window=16, tail=16, block=5)
+CONFIDENCE_TOKENS = 32
+COUNTING = "Count from 1 to 100, separated by commas:"
+
+
+def _counting(chat: bool, n: int, max_tokens: int, **kwargs: Any) -> GenerateRequest:
+    """``n`` samples of exactly ``max_tokens``, ``kwargs`` the request's other fields."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.8, extra={"ignore_eos": True})
+    if chat:
+        messages = [{"role": "user", "content": COUNTING}]
+        return GenerateRequest(messages=messages, n=n, params=params, **kwargs)
+    return GenerateRequest(prompt=COUNTING, n=n, params=params, **kwargs)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["unstreamed", "streamed"])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_each_sample_has_its_confidence_read_from_vllms_logprobs(
+    upstream: str, chat: bool, streamed: bool
+) -> None:
+    """Through vLLM's OpenAI server, one request of ``n=2``: each sample's own logprobs."""
+    request = _counting(chat, n=2, max_tokens=CONFIDENCE_TOKENS, confidence=CONFIDENCE)
+
+    async def scenario() -> tuple[list[Sample], list[Sample]]:
+        engine = OpenAIEngine([upstream], stream=streamed, timeouts=Timeouts(call=300))
+        async with engine:
+            return await engine.generate(request), await engine.generate(_counting(chat, 1, 4))
+
+    read, (plain,) = run_coroutine(scenario(), timeout=600)
+    assert len(read) == 2
+    for sample in read:
+        assert sample.completion_tokens == CONFIDENCE_TOKENS, sample
+        assert_read(sample.confidence, sample.completion_tokens, CONFIDENCE)
+    assert read[0].confidence != read[1].confidence  # not one choice's logprobs twice
+    assert plain.completion_tokens == 4 and plain.confidence is None
+
+
+#: Run by the vLLM venv's python: the in-process engine's samples, all at once
+#: (``FINAL_ONLY``) and as each ends (``DELTA``), with a confidence spec, then without one,
+#: then one that ends on a stop string.
+_CONFIDENCE_SCRIPT = """
+import asyncio, dataclasses, json, sys
+from blendserve.core.signals import ConfidenceSpec
+from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.vllm_inprocess import VLLMEngine
+
+spec, tokens = ConfidenceSpec(**json.loads(sys.argv[3])), int(sys.argv[4])
+
+def counting(chat, n, max_tokens, **kwargs):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.8, extra={"ignore_eos": True})
+    if chat:
+        messages = [{"role": "user", "content": sys.argv[2]}]
+        return GenerateRequest(messages=messages, n=n, params=params, **kwargs)
+    return GenerateRequest(prompt=sys.argv[2], n=n, params=params, **kwargs)
+
+def described(samples):
+    return [{"completion_tokens": s.completion_tokens, "finish_reason": s.finish_reason,
+             "stop_reason": s.stop_reason,
+             "confidence": s.confidence and dataclasses.asdict(s.confidence)} for s in samples]
+
+async def main():
+    engine = VLLMEngine({"model": sys.argv[1], "max_model_len": 2048})
+    together = await engine.generate(counting(True, 2, tokens, confidence=spec))
+    each = [s async for s in engine.stream(counting(False, 2, tokens, confidence=spec))]
+    plain = await engine.generate(counting(True, 1, 4))
+    stop = GenerateRequest(prompt="1, 2, 3, 4,", confidence=spec,
+                           params=SamplingParams(max_tokens=16, temperature=0.0, stop=(" 6",)))
+    stopped = await engine.generate(stop)
+    result = {"together": described(together), "each": described(each),
+              "plain": described(plain), "stopped": described(stopped)}
+    print("RESULT", json.dumps(result))
+    await engine.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_in_process_samples_have_their_confidence_and_stop_reason() -> None:
+    python = require_vllm()
+    done = subprocess.run(
+        [str(python), "-c", _CONFIDENCE_SCRIPT, str(MODEL_DIR), COUNTING,
+         json.dumps(dataclasses.asdict(CONFIDENCE)), str(CONFIDENCE_TOKENS)],
+        capture_output=True, text=True, timeout=STARTUP_S, env={**os.environ, **ENV}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    for kind in ("together", "each"):
+        samples = result[kind]
+        assert len(samples) == 2, result
+        for sample in samples:
+            assert sample["completion_tokens"] == CONFIDENCE_TOKENS, sample
+            read = Confidence(
+                **{**sample["confidence"], "groups": tuple(sample["confidence"]["groups"])}
+            )
+            assert_read(read, sample["completion_tokens"], CONFIDENCE)
+        assert samples[0]["confidence"] != samples[1]["confidence"], samples
+    (plain,) = result["plain"]
+    assert plain["completion_tokens"] == 4 and plain["confidence"] is None, plain
+    (stopped,) = result["stopped"]
+    # Greedy after "1, 2, 3, 4,": " 5, 6" stops at " 6" (vLLM reports the stop string).
+    assert stopped["finish_reason"] == "stop" and stopped["stop_reason"] == " 6", stopped
+    assert stopped["confidence"]["tokens"] == stopped["completion_tokens"], stopped

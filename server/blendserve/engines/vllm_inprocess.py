@@ -4,6 +4,11 @@ Kept thin on purpose: it follows vLLM's documented v1 API (``AsyncLLM``,
 ``SamplingParams(n=k, output_kind=FINAL_ONLY)``, or ``DELTA`` to hand each sample over as
 it ends; ``abort`` on cancel), on a GPU or vLLM's CPU build (docs/engines.md).
 
+A request with a :class:`~blendserve.core.signals.ConfidenceSpec` asks vLLM for its top
+``logprobs`` and reads each sample's tokens into a meter as they come: a completion
+output's ``logprobs`` hold one ``{token_id: Logprob}`` a token (its new tokens' in
+``DELTA``, all of them in ``FINAL_ONLY``), the sampled token's beside the top k.
+
 A caller's ``seed`` is dropped on vLLM's CPU build while it splits prefills into chunks
 (its default): there, a seeded request whose prompt is prefilled over more than one step
 kills the engine core (vLLM 0.32 rewinds the request's generator with ``set_offset``,
@@ -17,9 +22,10 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
+from blendserve.core.signals import ConfidenceMeter
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.engines.engine_cost import Busy, EngineCost, cost_counters
 from blendserve.errors import EngineDown, EngineError, EngineUnavailable
@@ -138,6 +144,9 @@ class VLLMEngine(Engine):
             "min_p": p.min_p, "max_tokens": p.max_tokens, "seed": self._seed(p.seed),
             "stop": list(p.stop) if p.stop else None,
         }  # fmt: skip
+        spec = request.confidence
+        if spec is not None and "logprobs" not in extra:  # a caller's own ask wins
+            options["logprobs"] = spec.top_logprobs
         params = self._vllm.SamplingParams(
             n=request.n,
             output_kind=kind,
@@ -147,6 +156,7 @@ class VLLMEngine(Engine):
         request_id = f"blendserve-{uuid.uuid4().hex}"
         texts: dict[int, list[str]] = {}
         tokens: dict[int, int] = {}
+        meters: dict[int, ConfidenceMeter] = {}  # sample index -> its confidence so far
         prompt_tokens = 0
         finished = False
         self._busy.enter()
@@ -158,10 +168,20 @@ class VLLMEngine(Engine):
                 for o in output.outputs:
                     texts.setdefault(o.index, []).append(o.text)
                     tokens[o.index] = tokens.get(o.index, 0) + len(o.token_ids)
+                    if spec is not None:
+                        if o.index not in meters:
+                            meters[o.index] = ConfidenceMeter(spec)
+                        _read_logprobs(meters[o.index], o)
                     if o.finish_reason is not None:
-                        text = "".join(texts.pop(o.index))
+                        meter = meters.pop(o.index, None)
                         yield Sample(
-                            text, o.finish_reason, prompt_tokens, tokens.pop(o.index), self.name
+                            "".join(texts.pop(o.index)),
+                            o.finish_reason,
+                            prompt_tokens,
+                            tokens.pop(o.index),
+                            self.name,
+                            stop_reason=None if o.stop_reason is None else str(o.stop_reason),
+                            confidence=None if meter is None else meter.summary(),
                         )
             finished = True
         except BaseException as exc:
@@ -212,6 +232,16 @@ class VLLMEngine(Engine):
         if self._cost_task is not None:
             await cancel_all([self._cost_task])
         self._engine.shutdown()
+
+
+def _read_logprobs(meter: ConfidenceMeter, output: Any) -> None:
+    """Reads a completion output's tokens into ``meter``: its ``logprobs`` are one
+    ``{token_id: Logprob}`` a token (a list, or vLLM's ``FlatLogprobs``, which iterates as
+    one), the sampled token's beside the top k, of which the meter takes the k largest."""
+    positions: Iterable[Any] = output.logprobs or ()
+    for position in positions:
+        if position:
+            meter.add(entry.logprob for entry in position.values())
 
 
 def _seeds_are_safe(engine: Any) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+from blendserve.core.signals import ConfidenceSpec
 from blendserve.engines._retry import RetryPolicy, exhausted
 from blendserve.engines.base import GenerateRequest, SamplingParams
 from blendserve.engines.openai.wire import (
@@ -27,6 +28,7 @@ from blendserve.engines.openai.wire import (
     sampling_body,
     server_events,
     split_credentials,
+    token_confidences,
 )
 from blendserve.errors import (
     EngineProtocolError,
@@ -321,6 +323,28 @@ def test_a_request_body_carries_the_set_params_and_refuses_engine_owned_ones() -
     assert raised.value.param == "params.extra.seed"
 
 
+def test_a_request_reading_confidence_asks_for_one_more_chat_logprob_than_its_k() -> None:
+    def body(k: int, chat: bool, **extra: Any) -> dict[str, Any]:
+        spec = ConfidenceSpec(top_logprobs=k)
+        params = SamplingParams(extra=extra)
+        if chat:
+            messages = [{"role": "user", "content": "q"}]
+            return request_body(
+                GenerateRequest(messages=messages, params=params, confidence=spec), None
+            )
+        return request_body(GenerateRequest(prompt="p", params=params, confidence=spec), None)
+
+    assert body(5, chat=True)["top_logprobs"] == 6 and body(5, chat=True)["logprobs"] is True
+    assert body(20, chat=True)["top_logprobs"] == 20  # the API's bound
+    assert body(5, chat=False)["logprobs"] == 5 and "top_logprobs" not in body(5, chat=False)
+    assert body(5, chat=True, top_logprobs=2)["top_logprobs"] == 2  # the caller's own
+    # vLLM's chat API: a token sampled below the top k (-9) listed first, then the best,
+    # cut at top_logprobs. With k + 1 of them the k largest are the top k.
+    listed = [-9.0, -0.1, -1.0]
+    entry = {"logprob": -9.0, "top_logprobs": [{"logprob": lp} for lp in listed]}
+    assert token_confidences({"content": [entry]}, 2) == pytest.approx([0.55])
+
+
 def test_a_sampling_body_adds_n_seed_and_stream() -> None:
     assert json.loads(sampling_body({"prompt": "p"}, 1, None, False)) == {"prompt": "p"}
     assert json.loads(sampling_body({"prompt": "p"}, 3, 7, True)) == {
@@ -370,3 +394,54 @@ def test_a_stream_past_its_piece_limit_is_a_runaway() -> None:
 
 async def _collect_limited(parts: list[bytes], limit: int) -> dict[str, Any]:
     return await collect_events(server_events(_chunks(parts)), limit)
+
+
+#: A token's logprobs as llama-cpp-python's server sends them (its shapes, values rounded):
+#: its top logprobs keyed by their text (the completions API), the sampled token's own set
+#: beside them, and a byte-fragment token as "".
+LLAMA_CPP_COMPLETION_LOGPROBS = {
+    "tokens": [" casting", " a"],
+    "text_offset": [10, 18],
+    "token_logprobs": [-3.5, -0.3],
+    "top_logprobs": [
+        {" covered": -2.3, " painted": -2.4, " clear": -2.5, " casting": -3.5},
+        {" a": -0.3, " shadows": -2.9, "": -3.8},
+    ],
+}
+LLAMA_CPP_CHAT_LOGPROBS = {
+    "content": [
+        {"token": token, "logprob": own, "bytes": None,
+         "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in top.items()]}
+        for token, own, top in zip(
+            LLAMA_CPP_COMPLETION_LOGPROBS["tokens"],
+            LLAMA_CPP_COMPLETION_LOGPROBS["token_logprobs"],
+            LLAMA_CPP_COMPLETION_LOGPROBS["top_logprobs"],
+            strict=True,
+        )
+    ],
+    "refusal": None,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("logprobs", [LLAMA_CPP_COMPLETION_LOGPROBS, LLAMA_CPP_CHAT_LOGPROBS])
+def test_llama_cpp_logprobs_are_read_the_top_k_of_each_token(logprobs: dict[str, Any]) -> None:
+    # The first token was sampled outside the top 3: its own -3.5 is not among the 3 largest.
+    assert token_confidences(logprobs, 3) == pytest.approx([7.2 / 3, 7.0 / 3])
+    assert token_confidences(logprobs, 1) == pytest.approx([2.3, 0.3])
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        None,
+        "text",
+        [],
+        {"content": "text"},
+        {"content": [None, 1, {"logprob": "x"}, {"top_logprobs": [None, {"logprob": True}]}]},
+        {"content": [{"logprob": 10**400}, {"top_logprobs": [{"logprob": 10**400}]}]},
+        {"top_logprobs": [None, [], {"a": None}, {"a": 10**400}], "token_logprobs": "x"},
+        {"top_logprobs": "x", "token_logprobs": [None, "x", 10**400]},
+    ],
+)
+def test_malformed_logprobs_read_nothing_and_never_raise(logprobs: Any) -> None:
+    assert token_confidences(logprobs, 5) == []

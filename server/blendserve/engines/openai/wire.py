@@ -20,7 +20,12 @@ from typing import Annotated, Any, NamedTuple
 import httpx2
 from pydantic import BaseModel, Field, StrictInt, StrictStr, ValidationError
 
-from blendserve.core.signals import ConfidenceMeter, ConfidenceSpec, token_confidence
+from blendserve.core.signals import (
+    MAX_TOP_LOGPROBS,
+    ConfidenceMeter,
+    ConfidenceSpec,
+    token_confidence,
+)
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, InvalidRequest
 
@@ -114,7 +119,11 @@ def request_body(request: GenerateRequest, default_model: str | None) -> dict[st
     """The completion request body for ``request``, less ``n``, ``seed`` and ``stream``.
 
     A request that reads confidence asks for its top logprobs (chat: ``logprobs`` and
-    ``top_logprobs``; completions: ``logprobs``), unless ``params.extra`` asks itself.
+    ``top_logprobs``, one more than its k up to the API's bound; completions:
+    ``logprobs``), unless ``params.extra`` asks itself. vLLM's chat API lists a token's
+    logprobs sampled token first and cuts the list at ``top_logprobs``: k of them would
+    drop the k-th best for a token sampled below it, k + 1 hold the top k whatever was
+    sampled, and the k largest are read (:func:`token_confidences`).
 
     Raises:
         InvalidRequest: ``params.extra`` sets a field the engine owns.
@@ -141,7 +150,10 @@ def request_body(request: GenerateRequest, default_model: str | None) -> dict[st
         body["stop"] = list(params.stop)
     if request.confidence is not None:
         k = request.confidence.top_logprobs
-        body.update({"logprobs": True, "top_logprobs": k} if request.messages else {"logprobs": k})
+        if request.messages is not None:
+            body.update({"logprobs": True, "top_logprobs": min(k + 1, MAX_TOP_LOGPROBS)})
+        else:
+            body["logprobs"] = k
     owned = sorted(_ENGINE_OWNED.intersection(params.extra))
     if owned:
         raise InvalidRequest(
@@ -310,11 +322,22 @@ def token_confidences(logprobs: Any, k: int) -> list[float]:
 
 
 def _read_token(numbers: list[Any], k: int, into: list[float]) -> None:
-    confidence = token_confidence(
-        (float(x) for x in numbers if isinstance(x, (int, float)) and not isinstance(x, bool)), k
-    )
+    confidence = token_confidence(_floats(numbers), k)
     if confidence is not None:
         into.append(confidence)
+
+
+def _floats(numbers: list[Any]) -> list[float]:
+    """The numbers among ``numbers`` as floats: an integer too large for a float (a
+    malformed logprob) is left out, as other entries of the wrong type are."""
+    floats = []
+    for x in numbers:
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            try:
+                floats.append(float(x))
+            except OverflowError:
+                continue
+    return floats
 
 
 def reasoning_of(message: dict[str, Any]) -> str | None:
