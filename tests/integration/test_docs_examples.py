@@ -81,6 +81,7 @@ REPLAY_DATA = FIXTURES / "docs_replay.jsonl"
 EXAMPLE_FILES = {
     "answers.jsonl": REPLAY_DATA,
     "questions.jsonl": FIXTURES / "docs_questions.jsonl",
+    "recording.jsonl": ROOT / "bench" / "recordings" / "data" / "qwen2.5-coder-0.5b.jsonl",
 }
 RUN_TAGS = frozenset({"bash", "python"})
 ILLUSTRATION_TAGS = frozenset({"text", "json", "yaml", "toml", "console"})
@@ -280,6 +281,7 @@ RULES: dict[tuple[str, ...], str] = {
     ("echo",): "shell",
     ("cat",): "shell",
     ("blendserve", "serve"): "serve",
+    ("blendserve", "record"): "record",
     ("blendserve", "solve"): "run",
     ("blendserve", "simulate"): "simulate",
     ("python", "-m"): "run",
@@ -533,6 +535,19 @@ def check_serve(command: Command, context: Context) -> None:
             raise AssertionError(f"`{command.text}`: {exc}") from None
 
 
+def check_record(command: Command, context: Context) -> None:
+    """``blendserve record``: parsed by the real CLI (it samples an engine for minutes)."""
+    from blendserve.cli import build_parser
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            build_parser().parse_args(list(command.words[1:]))
+        except SystemExit as exc:
+            message = stderr.getvalue().strip().splitlines() or ["exited"]
+            assert not exc.code, f"`{command.text}`: {message[-1]}"
+
+
 def check_benchmark(command: Command, context: Context) -> None:
     """``python bench/SCRIPT ARGS``: the script exists and its parser takes ARGS (not run)."""
     script = command.words[1]
@@ -689,6 +704,7 @@ CHECKS: dict[str, Callable[[Command, Context], None]] = {
     "simulate": check_simulate,
     "pytest": check_pytest,
     "serve": check_serve,
+    "record": check_record,
     "benchmark": check_benchmark,
     "lm-eval": check_lm_eval,
     "pip": check_pip,
