@@ -74,7 +74,12 @@ class GenerateRequest:
     token ids as vLLM takes them) and ``messages`` (chat mode) is set. ``question_id``
     serves replica affinity and replay lookup; ``model`` and ``timeout`` (seconds for the
     whole call) None: the engine's default. ``confidence``: read each sample's confidence
-    from its tokens' logprobs, as the spec says (None: no logprobs are asked for)."""
+    from its tokens' logprobs, as the spec says (None: no logprobs are asked for).
+    ``cut_below``: a sample whose window confidence (``confidence.window`` tokens) falls
+    below this is cut there, its upstream request closed, and handed over with finish
+    reason :data:`~blendserve.core.traces.LOW_CONFIDENCE` and the tokens it had (None:
+    never; needs ``confidence``). Engines that cannot read a trace as it streams ignore it.
+    """
 
     prompt: str | Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
@@ -84,8 +89,11 @@ class GenerateRequest:
     question_id: str | None = None
     timeout: float | None = None
     confidence: ConfidenceSpec | None = None
+    cut_below: float | None = None
 
     def __post_init__(self) -> None:
+        if self.cut_below is not None and self.confidence is None:
+            raise ValueError("cut_below needs confidence: a trace is cut on what it reads")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("a request needs exactly one of prompt and messages")
         if self.n < 1:

@@ -190,12 +190,13 @@ class AllocationPolicy(ABC):
         self._clear(q, _CHOSEN)
         return k
 
-    def observe(self, q: int, key: Hashable | None) -> None:
+    def observe(self, q: int, key: Hashable | None, weight: float = 1) -> None:
         """Records a completed sample of ``q`` with canonical answer ``key`` (None: no
-        extractable answer, spent but no vote)."""
+        extractable answer, spent but no vote), its vote counting ``weight`` (see
+        :class:`~blendserve.core.votes.VoteState`)."""
         self._num_pending -= 1
         num_pending = self.num_pending_of[q] = self.num_pending_of[q] - 1
-        self.votes.add(q, key)
+        self.votes.add(q, key, weight)
         if (
             self._settles
             and not self._settled[q]
