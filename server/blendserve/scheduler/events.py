@@ -71,13 +71,18 @@ class AnswerEvent:
     ``TRUNCATED_LIMIT`` samples since the last vote were cut at ``max_tokens``,
     ``horizon`` when an online pool's wave planner stopped it for want of room, not of
     worth (:meth:`~blendserve.core.programme.VotePrior.past_horizon`), else None.
+    ``votes`` are weighted where the job's trace rule weighs them
+    (:mod:`blendserve.core.traces`). ``stops`` counts, for each reason of
+    :data:`~blendserve.core.traces.STOPS`, the question's samples that stopped for it
+    (those cancelled in flight included); ``cut_tokens`` are the completion tokens the
+    samples cut mid-stream for low confidence took, part of ``usage``.
     """
 
     index: int
     id: str
     answer: str | None
     key: str | None
-    votes: dict[str, int]
+    votes: dict[str, float]
     samples: int
     confidence: Confidence
     settled_early: bool
@@ -91,6 +96,8 @@ class AnswerEvent:
     stopped: str | None = None
     thoughts: dict[str, str] = field(default_factory=dict)
     abstained_thought: str | None = None
+    stops: dict[str, int] = field(default_factory=dict)
+    cut_tokens: int = 0
 
     @property
     def reasoning(self) -> str | None:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.signals import ConfidenceSpec
+from blendserve.core.traces import TraceRule
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import GenerateRequest, SamplingParams
 
@@ -80,7 +81,9 @@ class JobSpec:
     a streak of transient ones (every upstream down) must also last
     ``failure_timeout`` seconds: that, not ``request_timeout``, bounds how long a job
     outlives its upstreams. ``confidence``: each sample's confidence is read from its
-    tokens' logprobs as the spec says (None: no logprobs are asked for).
+    tokens' logprobs as the spec says (None: no logprobs are asked for). ``traces``: how
+    each sample's own signals weigh its vote and cut it (:mod:`blendserve.core.traces`;
+    the default counts every vote one and cuts nothing).
     """
 
     questions: Sequence[Question]
@@ -99,3 +102,4 @@ class JobSpec:
     failure_timeout: float = 5.0
     progress_interval: float = 0.25
     confidence: ConfidenceSpec | None = None
+    traces: TraceRule = field(default_factory=TraceRule)
