@@ -302,4 +302,3 @@ class TraceLearner:
     def summary(self) -> dict[str, float]:
         """Each measure's strength, for logs and ``/health``."""
         return {m: learned.strength for m, learned in self._measures.items()}
-
