@@ -47,6 +47,7 @@ __all__ = [
     "TraceRun",
     "TraceSample",
     "cut_point",
+    "deepconf_warmup",
     "learner_from",
     "load_traces",
     "run_deepconf_offline",
