@@ -87,10 +87,11 @@ class FakeTraceEngine(Engine):
         return EngineHealth(True, {self.name: True})
 
 
-def trained() -> TraceLearner:
-    """A learner whose traffic showed that confident samples agree: sure ones agreed, unsure
-    ones did not (mean, tail and the lowest group all tell them apart; length does not)."""
-    learner = TraceLearner()
+def trained(learner: TraceLearner | None = None) -> TraceLearner:
+    """A learner (``learner``, else a new one) whose traffic showed that confident samples
+    agree: sure ones agreed, unsure ones did not (mean, tail and the lowest group all tell
+    them apart; length does not)."""
+    learner = learner if learner is not None else TraceLearner()
     for _ in range(8):
         sure = [TraceFacts(100, _confidence(0.9, 100, 64), True)] * 8
         unsure = [TraceFacts(100, _confidence(0.1, 100, 64), False)] * 8
@@ -225,8 +226,7 @@ def _pool(rule: str, engine: Engine, learners: TraceLearners, client: str) -> An
 
 def test_a_pool_weighs_and_cuts_with_its_clients_learner() -> None:
     learners = TraceLearners()
-    taught = learners.get("alice", "m")
-    taught.__dict__.update(trained().__dict__)
+    trained(learners.get("alice", "m"))
     engine = FakeTraceEngine({"q": [SURE, UNSURE, UNSURE]})
     answer = _pool("weighted:measure=mean,cut=50", engine, learners, "alice")
     assert answer.key == "a" and set(answer.votes) == {"a"}
