@@ -10,6 +10,7 @@ a pool forgets its clients (:class:`~blendserve.scheduler.clients.Clients`).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from blendserve.core.traces import TraceLearner
 
@@ -31,6 +32,10 @@ class TraceLearners:
 
     def __len__(self) -> int:
         return len(self._learners)
+
+    def __iter__(self) -> Iterator[tuple[str, str | None]]:
+        """The ``(client, model)`` pairs kept, least recently asked for first."""
+        return iter(list(self._learners))
 
     def get(self, client: str, model: str | None) -> TraceLearner:
         """``client``'s learner for ``model`` (None: the engine's default), made if new."""
