@@ -82,6 +82,11 @@ class Stats:
         of the votes at PPR-1v1 uncertainty ``ppr``; ``settled_early``: before its budget ran out.
         """
 
+    def samples_stopped(self, stops: Mapping[str, int], cut_tokens: int) -> None:
+        """A question's answer became final: ``stops`` counts its samples by why they stopped
+        (:data:`~blendserve.core.traces.STOPS`), ``cut_tokens`` the completion tokens of
+        those cut mid-stream for low confidence."""
+
     def pool_answered(
         self, pool: str, rounds: int, price: float, mean_samples: float, pacing_error: float
     ) -> None:

@@ -1,7 +1,7 @@
 """The recording format: every sample of a question as it came, one JSON line a question.
 
 ``{"id", "prompt"?, "messages"?, "gold"?, "samples": [{"answer", "tokens", "finish",
-"stop"?, "confidence"?: {"mean", "lowest_group", "tail", ...}, "groups"?: [...],
+"stop"?, "stopped"?, "confidence"?: {"mean", "lowest_group", "tail", ...}, "groups"?: [...],
 "text"?}]}``, a superset of the older ``{"id", "answers": [...]}``, which still reads
 (its samples have no length or confidence). Lines that share an ``id`` are one question,
 their samples in order: a recorder that resumes appends what it adds. Pure: no I/O.
@@ -25,7 +25,9 @@ MAX_RECORDED_TOKENS = 2**31
 @dataclass(frozen=True)
 class RecordedSample:
     """One sample: its extracted ``answer`` (None: it gave none), completion ``tokens``
-    (None: not recorded), ``finish`` and ``stop`` reasons, and ``confidence``."""
+    (None: not recorded), ``finish`` and ``stop`` reasons, ``confidence``, and why it
+    stopped (``stopped``, :data:`~blendserve.core.traces.STOPS`: written only where it is
+    not ``finished``, the default)."""
 
     answer: str | None
     tokens: int | None = None
@@ -33,6 +35,7 @@ class RecordedSample:
     stop: str | None = None
     confidence: Confidence | None = None
     text: str | None = None
+    stopped: str = "finished"
 
     def to_json(self) -> dict[str, Any]:
         """The sample as a recording line holds it."""
@@ -45,6 +48,8 @@ class RecordedSample:
                 line["groups"] = self.confidence.groups_json()
         if self.text is not None:
             line["text"] = self.text
+        if self.stopped != "finished":
+            line["stopped"] = self.stopped
         return line
 
 
@@ -167,4 +172,5 @@ def _sample(value: Any, where: str) -> RecordedSample:
         stop=_text(value.get("stop")),
         confidence=confidence,
         text=value.get("text") if isinstance(value.get("text"), str) else None,
+        stopped=_text(value.get("stopped")) or "finished",
     )

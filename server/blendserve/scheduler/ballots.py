@@ -14,6 +14,7 @@ from typing import Protocol
 
 from blendserve.answers import DEFAULT_REASONING_TAGS, ReasoningTags, SampleKeyer
 from blendserve.core.signals import Confidence as TraceConfidence
+from blendserve.core.traces import LOW_CONFIDENCE, STOPS, TraceFacts
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Sample
@@ -36,13 +37,15 @@ def reasoning_tags_of(keyer: Keyer) -> ReasoningTags:
 class SeenSample:
     """One sample a question took: its voting ``key`` (None: it abstained, or was cut), its
     ``completion_tokens``, ``finish_reason`` and ``stop_reason`` as its engine reported
-    them, and its trace ``confidence`` where its request asked for logprobs."""
+    them, its trace ``confidence`` where its request asked for logprobs, and why it stopped
+    (``stopped``: ``finished`` on its own, or ``low_confidence`` when cut mid-stream)."""
 
     key: str | None
     completion_tokens: int
     finish_reason: str | None
     stop_reason: str | None = None
     confidence: TraceConfidence | None = None
+    stopped: str = "finished"
 
 
 class SampleLog(Protocol):
@@ -59,7 +62,11 @@ class Ballots:
     """Per answer key, the first answer, completion, thought and finish reason seen; the
     last abstention; the samples cut at ``max_tokens``; the tokens spent. The votes
     themselves live in a :class:`VoteState`. ``seen``: every sample added, in order, where
-    a :class:`SampleLog` will take them (None: not kept)."""
+    a :class:`SampleLog` will take them (None: not kept). ``voters``: each voting sample's
+    key, tokens and confidence, where a trace rule learns from them (None: not kept).
+    ``stops`` counts the question's samples by why they stopped
+    (:data:`~blendserve.core.traces.STOPS`), ``cut_tokens`` the completion tokens of
+    those cut mid-stream for low confidence."""
 
     # canonical key -> (first extracted answer, its completion)
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -74,11 +81,26 @@ class Ballots:
     last_truncated_thought: str | None = None
     stopped: str | None = None  # why the question stopped early ("truncated", "horizon")
     seen: list[SeenSample] | None = None
+    voters: list[tuple[str, int, TraceConfidence | None]] | None = None
+    stops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STOPS, 0))
+    cut_tokens: int = 0
 
     @classmethod
-    def kept_for(cls, log: SampleLog | None) -> Ballots:
-        """Fresh ballots that keep their samples where ``log`` will take them."""
-        return cls(seen=[] if log is not None else None)
+    def kept_for(cls, log: SampleLog | None, learns: bool = False) -> Ballots:
+        """Fresh ballots that keep their samples where ``log`` will take them, and their
+        voters' signals where a trace rule ``learns`` from them."""
+        return cls(seen=[] if log is not None else None, voters=[] if learns else None)
+
+    def stopped_in_flight(self, reason: str, n: int) -> None:
+        """Counts ``n`` samples cancelled in flight for ``reason`` (one of ``STOPS``)."""
+        self.stops[reason] += n
+
+    def facts(self, answer: str | None) -> list[TraceFacts]:
+        """The voting samples kept, labelled by whether they voted for ``answer``."""
+        return [
+            TraceFacts(tokens, confidence, key == answer)
+            for key, tokens, confidence in self.voters or ()
+        ]
 
     def hand_over(self, question: Question, log: SampleLog | None) -> None:
         """Hands the samples kept to ``log`` as ``question``'s, once: later calls, and a
@@ -109,16 +131,22 @@ class Ballots:
         cut at ``max_tokens``, or whose thought never closed (its finish
         reason is then ``length``), is truncated: it never votes, and
         ``TRUNCATED_LIMIT`` of them since the last vote make the question cut
-        (:attr:`is_cut`).
+        (:attr:`is_cut`). A sample cut mid-stream for low confidence
+        (:data:`~blendserve.core.traces.LOW_CONFIDENCE`) abstains, and is not truncated.
         """
         thought = sample.thought(reasoning_tags_of(keyer))
-        finish_reason = "length" if thought.cut else sample.finish_reason
+        low = sample.finish_reason == LOW_CONFIDENCE
+        finish_reason = "length" if thought.cut and not low else sample.finish_reason
         text, reasoning = thought.content, thought.reasoning
         truncated = finish_reason == "length"
         if truncated:
             self.truncated += 1
             self.last_truncated, self.last_truncated_thought = text, reasoning
-        answer, key = (None, None) if truncated else await keyer(text)
+        stopped = LOW_CONFIDENCE if low else "finished"
+        self.stops[stopped] += 1
+        if low:
+            self.cut_tokens += sample.completion_tokens
+        answer, key = (None, None) if truncated or low else await keyer(text)
         if key is None:
             self.abstained, self.abstained_thought = text, reasoning
             self.abstained_finish_reason = finish_reason
@@ -129,6 +157,8 @@ class Ballots:
                 self.finish_reasons[key] = finish_reason
                 if reasoning is not None:
                     self.thoughts[key] = reasoning
+            if self.voters is not None:
+                self.voters.append((key, sample.completion_tokens, sample.confidence))
         self.usage.add(
             Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
         )
@@ -140,6 +170,7 @@ class Ballots:
                     sample.finish_reason,
                     sample.stop_reason,
                     sample.confidence,
+                    stopped,
                 )
             )
         return key
@@ -191,4 +222,6 @@ class Ballots:
             stopped=self.stopped,
             thoughts={k: self.thoughts[k] for k in counts if k in self.thoughts},
             abstained_thought=abstained_thought,
+            stops=dict(self.stops),
+            cut_tokens=self.cut_tokens,
         )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from blendserve.core.online_rule import StreamLearning
 from blendserve.core.price import PacedPrice
+from blendserve.core.traces import TraceLearner
 from blendserve.scheduler.spec import Keyer
 
 __all__ = ["IDLE_CLIENT_S", "SHARED_CLIENT", "Client", "Clients"]
@@ -25,10 +26,12 @@ class Client:
     """One client of a pool: what its finished questions taught (``learning``: its price,
     paced to the pool's budget whatever other clients ask, its flatness and its prior), its
     ``keyer`` (its own turns at the sympy workers), its questions open now, and when it last
-    asked or one of its questions ended (``seen``, :func:`time.monotonic`)."""
+    asked or one of its questions ended (``seen``, :func:`time.monotonic`). ``traces``:
+    what its traces taught (:mod:`blendserve.core.traces`)."""
 
     learning: StreamLearning
     keyer: Keyer
+    traces: TraceLearner = field(default_factory=TraceLearner)
     num_open: int = 0
     seen: float = field(default_factory=time.monotonic)
 
@@ -44,11 +47,11 @@ class Client:
 
 
 class Clients:
-    """The clients of one pool, made (by ``new``) when first asked for, least recently asked
-    for first. A client with no open question is forgotten once not seen for ``idle_s``
-    seconds, or, beyond ``max_clients``, oldest first."""
+    """The clients of one pool, made (by ``new``, given the name) when first asked for,
+    least recently asked for first. A client with no open question is forgotten once not
+    seen for ``idle_s`` seconds, or, beyond ``max_clients``, oldest first."""
 
-    def __init__(self, new: Callable[[], Client], max_clients: int, idle_s: float) -> None:
+    def __init__(self, new: Callable[[str], Client], max_clients: int, idle_s: float) -> None:
         self._new = new
         self.max_clients = max_clients
         self.idle_s = idle_s
@@ -77,7 +80,7 @@ class Clients:
                 break
             if old.num_open == 0:
                 del self._clients[old_name]
-        client = self._clients[name] = self._new()
+        client = self._clients[name] = self._new(name)
         client.seen = now
         return client
 

@@ -18,6 +18,13 @@ flight cancelled and refunded (``DoneEvent.cut``). With no known engine
 capacity, a sample out far longer than the job's others
 (:mod:`blendserve.core.stragglers`) is held by the policy and left running.
 
+The job's trace rule (:mod:`blendserve.core.traces`) reads its ``learner``: each vote
+counts what the learner weighs it, each request carries the learner's cut bar as it
+is sent, and with ``first_m`` a question's wave of more than ``m`` samples has the rest
+cancelled and refunded once ``m`` of them ended (the question may be sent more). Each
+answered question of a rule that learns teaches the learner its voting samples. An
+answer counts its samples by why they stopped (``AnswerEvent.stops``).
+
 Engine failures are refunded and retried after a backoff (doubling from
 50 ms to 1 s; requests in flight go on meanwhile). A job fails, with the
 answers it has marked partial, after ``max_consecutive_failures`` failures
@@ -37,10 +44,11 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from blendserve.core.policies import AllocationPolicy
 from blendserve.core.stragglers import Stragglers
+from blendserve.core.traces import TraceLearner
 from blendserve.core.waves import WavePlan
 from blendserve.engines.base import Engine, GenerateRequest, Sample
 from blendserve.scheduler.ballots import Ballots, SampleLog
@@ -62,6 +70,14 @@ __all__ = ["Job"]
 
 
 @dataclass(eq=False)
+class _Wave:
+    """The samples of one question dispatched together: how many, and how many ended."""
+
+    size: int
+    ended: int = 0
+
+
+@dataclass(eq=False)
 class _Request:
     """An engine request in flight: its question, and the samples it has yet to deliver
     (``left``, the policy's pending samples; ``late``, stragglers the policy holds)."""
@@ -71,6 +87,8 @@ class _Request:
     sent: float  # the event loop's time when it was sent
     late: int = 0
     cut: bool = False  # its stragglers were cancelled (counted in DoneEvent.cut)
+    wave: _Wave | None = None
+    reason: str | None = None  # why it was cancelled (one of core.traces.STOPS)
 
 
 class _AnswerSweeper:
@@ -100,7 +118,8 @@ class Job:
     flight on an engine of unknown capacity stops holding a slot (None:
     :class:`~blendserve.core.stragglers.Stragglers`'s defaults). ``log`` takes each
     question's samples once it is answered, or, for a question the job ends without
-    answering (its events closed early), when the job winds down.
+    answering (its events closed early), when the job winds down. ``learner`` is what
+    the job's trace rule reads and teaches (None: one of the job's own).
     """
 
     def __init__(
@@ -112,6 +131,7 @@ class Job:
         *,
         stragglers: Stragglers | None = None,
         log: SampleLog | None = None,
+        learner: TraceLearner | None = None,
     ) -> None:
         if not spec.questions:
             raise ValueError("a job needs at least one question")
@@ -125,7 +145,11 @@ class Job:
             )
         if not spec.failure_timeout >= 0:
             raise ValueError(f"failure_timeout must be >= 0, got {spec.failure_timeout}")
+        if spec.traces.cut is not None and spec.confidence is None:
+            raise ValueError("a trace rule that cuts needs the job's confidence spec")
         self.spec = spec
+        self.rule = spec.traces
+        self.learner = learner if learner is not None else TraceLearner()
         self.engine = engine
         self.keyer = keyer
         self.sink = sink if sink is not None else engine.sink
@@ -167,14 +191,15 @@ class Job:
     def abandon(self, q: int) -> None:
         """Stops sampling question ``q`` (its caller went away) and cancels its requests; the
         rest of the job goes on, and ``q`` still gets an answer event from its samples."""
-        self._stop(q)
+        self._stop(q, "budget")
 
-    def _stop(self, q: int) -> None:
-        """No more samples for ``q``; its requests in flight are cancelled (and refunded)."""
+    def _stop(self, q: int, reason: str) -> None:
+        """No more samples for ``q``; its requests in flight are cancelled (and refunded),
+        their samples stopped for ``reason``."""
         self.policy.stop(q)
         for task, request in self._in_flight.items():
             if request.question == q:
-                task.cancel()
+                _cancel(task, request, reason)
 
     def cancel(self, reason: str) -> None:
         """Ends the job now: no more samples, in-flight requests cancelled and refunded; every
@@ -185,8 +210,8 @@ class Job:
         self._cancelled = reason
         for q in range(self._num_questions):
             self.policy.stop(q)
-        for task in self._in_flight:
-            task.cancel()
+        for task, request in self._in_flight.items():
+            _cancel(task, request, "budget")
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """Runs the job, yielding answers as they settle, progress, and a final summary."""
@@ -250,11 +275,15 @@ class Job:
             self.policy.release(q, request.late)
             self._skipped[q] = self._skipped.get(q, 0) + request.late
         self._refund(q, left)
+        if task.cancelled() and not self._answered[q]:
+            stopped = left + (0 if request.cut else request.late)
+            if stopped:
+                self._ballots(q).stopped_in_flight(request.reason or "budget", stopped)
         # Cut samples are counted by request, as they were before samples came one by one:
         # a request's votes that end after its cut samples still count.
         state = self._states.get(q)
         if state is not None and state.stop_if_cut():
-            self._stop(q)  # answered once its cancelled requests are refunded
+            self._stop(q, "settled")  # answered once its cancelled requests are refunded
         elif not self.policy.num_pending_of[q]:
             self._replan = True  # its wave is all back: the plan may send it another
         exc = None if task.cancelled() else task.exception()
@@ -262,8 +291,8 @@ class Job:
             if not task.cancelled():
                 failures.succeeded()
         elif failures.failed(exc, clock()):
-            for other in self._in_flight:  # refunded when they end, never counted
-                other.cancel()
+            for other, in_flight in self._in_flight.items():  # refunded when they end
+                _cancel(other, in_flight, "budget")
         return q
 
     async def _take(self, task: asyncio.Task[None], sample: Sample) -> int | None:
@@ -284,7 +313,21 @@ class Job:
             if not self.policy.take_held(q):
                 return None
         await self._record(q, sample)
+        self._first_m(request)
         return q
+
+    def _first_m(self, request: _Request) -> None:
+        """With ``first_m``: once ``m`` samples of a wave of more ended, the rest of it still
+        in flight is cancelled (refunded as each request ends; the question goes on)."""
+        m, wave = self.rule.first_m, request.wave
+        if m is None or wave is None:
+            return
+        wave.ended += 1
+        if wave.size <= m or wave.ended != m:
+            return
+        for task, other in self._in_flight.items():
+            if other.wave is wave and (other.left or other.late):
+                _cancel(task, other, "first_m")
 
     async def _arrived(
         self, failures: FailureStreak, backoff: float
@@ -305,8 +348,8 @@ class Job:
                 return await drain(self._arrivals)
         except TimeoutError:
             if failures.expired(now()):
-                for task in self._in_flight:
-                    task.cancel()
+                for task, request in self._in_flight.items():
+                    _cancel(task, request, "budget")
             return []
 
     def _refund(self, q: int, n: int) -> None:
@@ -459,7 +502,8 @@ class Job:
             if request.late and not request.cut and request.question == q:
                 request.cut = True
                 self._num_cut += request.late
-                task.cancel()
+                self._ballots(q).stopped_in_flight("settled", request.late)
+                _cancel(task, request, "settled")
 
     def _dispatch_waves(self, plan: WavePlan, free: int) -> dict[int, int] | None:
         """The plan's next waves that fit in ``free`` sequences (the engine's, within the
@@ -494,17 +538,22 @@ class Job:
         policy = self.policy
         limit = self.spec.max_samples_per_request
         now = asyncio.get_running_loop().time()
+        # Read as each dispatch is built: the bar moves as the learner learns.
+        cut_below = self.learner.bar(self.rule) if self.rule.cut is not None else None
         for q, size in sizes.items():
             # The index of this dispatch's first sample (stragglers' indices stay taken).
             first = policy.num_assigned[q] - size + self._skipped.get(q, 0)
+            wave = _Wave(size) if self.rule.first_m is not None else None
             while size > 0:
                 n = min(size, limit)
                 size -= n
                 request = self.spec.questions[q].request(n, first, self.spec)
+                if cut_below is not None:
+                    request = replace(request, cut_below=cut_below)
                 first += n
                 task = asyncio.ensure_future(self._stream(request))
                 task.add_done_callback(self._ended)
-                in_flight[task] = _Request(q, n, now)
+                in_flight[task] = _Request(q, n, now, wave=wave)
 
     async def _stream(self, request: GenerateRequest) -> None:
         """Hands the job each sample of ``request`` as it ends."""
@@ -521,21 +570,29 @@ class Job:
         """Tells the job a request ended, after the samples it delivered."""
         self._arrivals.put_nowait((task, None))
 
-    async def _record(self, q: int, sample: Sample) -> None:
+    def _ballots(self, q: int) -> Ballots:
+        """Question ``q``'s ballots, made at its first sample (or first sample stopped)."""
         state = self._states.get(q)
         if state is None:
-            state = self._states[q] = Ballots.kept_for(self.log)
-        key = await state.add(sample, self.keyer)
+            state = self._states[q] = Ballots.kept_for(self.log, self.rule.learns)
+        return state
+
+    async def _record(self, q: int, sample: Sample) -> None:
+        key = await self._ballots(q).add(sample, self.keyer)
         self._usage.add(
             Usage(1, sample.prompt_tokens, sample.completion_tokens, sample.reasoning_tokens)
         )
-        self.policy.observe(q, key)
+        if key is not None and self.rule.vote != "count":
+            weight = self.learner.weight(self.rule, sample.completion_tokens, sample.confidence)
+            self.policy.observe(q, key, weight)
+        else:
+            self.policy.observe(q, key)
         pending = self.policy.num_pending_of[q]
         if self.policy.is_settled(q) and pending:
             # Its samples still out cannot unsettle it: they stop, and their budget
             # goes back to the questions still open.
             self._num_cut += pending
-            self._stop(q)
+            self._stop(q, "settled")
 
     def _final_answers(
         self, candidates: Iterable[int], everything: bool = False, partial: bool = False
@@ -562,6 +619,9 @@ class Job:
                 state = self._states.pop(q, None)
                 if state is not None:
                     state.hand_over(self.spec.questions[q], self.log)
+                    if self.rule.learns and event.key is not None:
+                        self.learner.learn(state.facts(event.key))
+                self.sink.samples_stopped(event.stops, event.cut_tokens)
                 self._report.answer(
                     event.samples,
                     event.confidence.share,
@@ -572,7 +632,7 @@ class Job:
                 yield event
 
     def _answer(self, q: int, partial: bool) -> AnswerEvent:
-        return (self._states.get(q) or Ballots()).answer_event(
+        return self._ballots(q).answer_event(
             self.policy.votes,
             q,
             index=q,
@@ -591,3 +651,10 @@ class Job:
             settled=sum(map(policy.is_settled, range(self._num_questions))),
             questions=self._num_questions,
         )
+
+
+def _cancel(task: asyncio.Task[None], request: _Request, reason: str) -> None:
+    """Cancels ``request``; its samples still out stop for ``reason`` (the first one given)."""
+    if request.reason is None:
+        request.reason = reason
+    task.cancel()

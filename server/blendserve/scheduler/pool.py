@@ -15,6 +15,12 @@ and keys with its own keyer. Waves of every open question share ``concurrency`` 
 in flight (:class:`~blendserve.scheduler.slots.Slots`), first waves first, then the least
 sure; what they are planned with is built off the event loop
 (:mod:`~blendserve.scheduler.priors`).
+
+The pool's trace rule (:mod:`blendserve.core.traces`) reads each client's learner: each
+vote counts what it weighs it, each wave's requests carry its cut bar, and with
+``first_m`` a wave of more than ``m`` samples has the rest cancelled once ``m`` of them
+ended (the question goes on to its next wave). Each answered question of a rule that
+learns teaches its client's learner.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from blendserve.core.flatness import PROBE
 from blendserve.core.online_rule import OnlineRule, StreamLearning
@@ -34,9 +40,10 @@ from blendserve.core.price import PacedPrice
 from blendserve.core.programme import ReadyPrior, VotePrior
 from blendserve.core.signals import ConfidenceSpec
 from blendserve.core.stopping import DEFAULT_CAP, Score, StoppingRule
+from blendserve.core.traces import TraceLearner, TraceRule
 from blendserve.core.votes import VoteState
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
-from blendserve.engines.base import Engine, Sample, SamplingParams
+from blendserve.engines.base import Engine, GenerateRequest, Sample, SamplingParams
 from blendserve.errors import EngineError, UpstreamRejected
 from blendserve.scheduler.ballots import Ballots, SampleLog
 from blendserve.scheduler.clients import IDLE_CLIENT_S, SHARED_CLIENT, Client, Clients
@@ -62,7 +69,7 @@ class PoolSpec:
     waves (0: no bound), its last taking all it is expected to need.
     ``max_consecutive_failures`` in a row end a question, with ``failure_timeout`` as a
     job's (:class:`~blendserve.scheduler.failures.FailureStreak`); ``request_timeout`` is
-    in seconds (None: the engine's default); ``confidence`` as a job's
+    in seconds (None: the engine's default); ``confidence`` and ``traces`` as a job's
     (:class:`~blendserve.scheduler.spec.JobSpec`).
     """
 
@@ -80,6 +87,7 @@ class PoolSpec:
     max_consecutive_failures: int = 8
     failure_timeout: float = 5.0
     confidence: ConfidenceSpec | None = None
+    traces: TraceRule = field(default_factory=TraceRule)
 
     @property
     def online(self) -> OnlineRule:
@@ -116,7 +124,8 @@ class Pool:
     Clients with no open question are forgotten beyond ``max_clients`` (oldest first), or
     once not seen for ``idle_client_s`` (None: :data:`IDLE_CLIENT_S`); their learning
     restarts if they come back. ``log`` takes each question's samples once it ends,
-    answered or not.
+    answered or not. ``learner_of`` gives a client's trace learner by its name (None: each
+    client keeps one of its own, forgotten with it).
     """
 
     def __init__(
@@ -131,7 +140,10 @@ class Pool:
         max_clients: int = 1024,
         idle_client_s: float | None = None,
         log: SampleLog | None = None,
+        learner_of: Callable[[str], TraceLearner] | None = None,
     ) -> None:
+        if spec.traces.cut is not None and spec.confidence is None:
+            raise ValueError("a trace rule that cuts needs the pool's confidence spec")
         if min(spec.concurrency, spec.max_samples_per_request, max_clients) < 1:
             raise ValueError(
                 "concurrency, max_samples_per_request and max_clients must be at least 1"
@@ -149,6 +161,7 @@ class Pool:
         self.log = log
         self.seen = time.monotonic()
         self._client_keyer = client_keyer
+        self._learner_of = learner_of
         idle_s = IDLE_CLIENT_S if idle_client_s is None else idle_client_s
         self.clients = Clients(self._new_client, max_clients, idle_s)
         self.num_questions = 0  # paced questions answered, every client's
@@ -212,7 +225,7 @@ class Pool:
         self.seen = time.monotonic()
         return self.clients.get(name, self.seen)
 
-    def _new_client(self) -> Client:
+    def _new_client(self, name: str) -> Client:
         keyer = self._client_keyer() if self._client_keyer is not None else self.keyer
         if self._fresh is None:  # a caller outside the pools' loop: computed here
             self._fresh = self.spec.price()
@@ -220,6 +233,8 @@ class Pool:
         learning = StreamLearning(
             spec.online, spec.budget_per_question, copy.copy(self._fresh), spec.max_cap
         )
+        if self._learner_of is not None:
+            return Client(learning, keyer, self._learner_of(name))
         return Client(learning, keyer)
 
     def rule(self, client: str = SHARED_CLIENT) -> StoppingRule:
@@ -256,7 +271,8 @@ class Pool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self, question: Question, client: Client, cut: bool = False) -> AnswerEvent:
-        state = _Open(question, client, ballots=Ballots.kept_for(self.log), cut=cut)
+        ballots = Ballots.kept_for(self.log, self.spec.traces.learns)
+        state = _Open(question, client, ballots=ballots, cut=cut)
         learning = client.learning
         base = learning.stopping()
         price = learning.price
@@ -356,12 +372,15 @@ class Pool:
         """Requests ``wave`` samples once the pool has room, counting each vote as it ends; once
         the question stops at ``log_price`` whatever those still running bring
         (:meth:`StoppingRule.is_done_whatever_comes`), they are cancelled and their slots go
-        to other questions at once."""
+        to other questions at once; so are they once ``first_m`` of a larger wave ended.
+        Those cancelled are counted in the question's ``stops``."""
         # Every question's first wave goes first, then the least sure questions.
         first = state.votes.num_samples[0] == 0
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self.slots.acquire(wave, priority)
         left = wave
+        first_m = self.spec.traces.first_m
+        reason = "budget"  # why those left stop, unless the wave ends otherwise
         try:
             sizes = [self.spec.max_samples_per_request] * (
                 wave // self.spec.max_samples_per_request
@@ -370,9 +389,7 @@ class Pool:
                 sizes.append(wave % self.spec.max_samples_per_request)
             # The sample index each request starts at (seeded requests shift their seed).
             starts = itertools.accumulate(sizes[:-1], initial=state.votes.num_samples[0])
-            requests = [
-                state.question.request(k, i, self.spec) for k, i in zip(sizes, starts, strict=True)
-            ]
+            requests = [self._request(state, k, i) for k, i in zip(sizes, starts, strict=True)]
             samples = merged(self.engine, requests, self.sink)
             async with contextlib.aclosing(samples):
                 async for ended in samples:
@@ -382,13 +399,39 @@ class Pool:
                         await self._record(state, sample)
                     votes = state.votes.state(0)
                     if left and rule.is_done_whatever_comes(*votes, left, log_price):
+                        reason = "settled"
                         break
+                    if left and first_m is not None and wave > first_m and wave - left >= first_m:
+                        reason = "first_m"
+                        break
+            if left:
+                state.ballots.stopped_in_flight(reason, left)
+        except asyncio.CancelledError:
+            if left:
+                state.ballots.stopped_in_flight("budget", left)
+            raise
         finally:
             self.slots.release(left)
 
+    def _request(self, state: _Open, n: int, first: int) -> GenerateRequest:
+        """The request of ``n`` samples of ``state``'s question, from its ``first``-th, with
+        its client's cut bar as it stands now."""
+        request = state.question.request(n, first, self.spec)
+        rule = self.spec.traces
+        if rule.cut is not None:
+            bar = state.client.traces.bar(rule)
+            if bar is not None:
+                request = replace(request, cut_below=bar)
+        return request
+
     async def _record(self, state: _Open, sample: Sample) -> None:
         key = await state.ballots.add(sample, state.client.keyer)
-        state.votes.add(0, key)
+        rule = self.spec.traces
+        if key is not None and rule.vote != "count":
+            weight = state.client.traces.weight(rule, sample.completion_tokens, sample.confidence)
+            state.votes.add(0, key, weight)
+        else:
+            state.votes.add(0, key)
         if len(state.first_keys) < PROBE:
             state.first_keys.append(key)
 
@@ -403,4 +446,7 @@ class Pool:
         )
         confidence = event.confidence
         self.sink.answered(event.samples, confidence.share, confidence.ppr, event.settled_early)
+        self.sink.samples_stopped(event.stops, event.cut_tokens)
+        if self.spec.traces.learns and event.key is not None:
+            state.client.traces.learn(state.ballots.facts(event.key))
         return event

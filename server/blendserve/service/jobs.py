@@ -16,13 +16,15 @@ from blendserve.answers import DEFAULT_REASONING_TAGS, AnswerKeys, AnswerKind, R
 from blendserve.core.policies import DEFAULT_POLICY, PolicySpec
 from blendserve.core.signals import ConfidenceSpec
 from blendserve.core.stopping import DEFAULT_CAP, Score
+from blendserve.core.traces import TraceRule, parse_trace_rule
 from blendserve.core.waves import DEFAULT_MAX_ROUNDS
 from blendserve.engines.base import Engine, SamplingParams
 from blendserve.engines.rendering import for_answers
 from blendserve.scheduler import Job, JobSpec, Keyer, Question
 from blendserve.scheduler.ballots import SampleLog
-from blendserve.scheduler.pool import Pool, PoolSpec
+from blendserve.scheduler.pool import SHARED_CLIENT, Pool, PoolSpec
 from blendserve.scheduler.spec import DEFAULT_CONCURRENCY, DEFAULT_IN_FLIGHT_PER_QUESTION
+from blendserve.scheduler.traces import TraceLearners
 from blendserve.service.settings import Settings
 from blendserve.service.vocabulary import AnswerFormat
 
@@ -41,6 +43,8 @@ class AskedOptions(Protocol):
     def settle_delta(self) -> float | None: ...
     @property
     def max_rounds(self) -> int | None: ...
+    @property
+    def traces(self) -> str | None: ...
 
 
 __all__ = ["AskedOptions", "JobDefaults", "JobMaker", "JobOptions"]
@@ -51,7 +55,8 @@ class JobDefaults:
     """The service's side of every job: what a request leaves unset or cannot set.
 
     ``confidence_logprobs``: the top logprobs each sample's tokens are read with for its
-    confidence (0: none asked for; see :meth:`confidence`).
+    confidence (0: none asked for; see :meth:`confidence`). ``traces``: the trace rule of
+    a request that names none.
     """
 
     concurrency: int | None = None
@@ -61,13 +66,20 @@ class JobDefaults:
     failure_timeout: float = 5.0
     reasoning_tags: ReasoningTags = DEFAULT_REASONING_TAGS
     confidence_logprobs: int = 0
+    traces: str = "count"
 
-    def confidence(self, max_tokens: int | None) -> ConfidenceSpec | None:
+    def confidence(
+        self, max_tokens: int | None, rule: TraceRule | None = None
+    ) -> ConfidenceSpec | None:
         """How a request of at most ``max_tokens`` reads its samples' confidence (None:
         not at all): DeepConf's spec with ``confidence_logprobs`` top logprobs, its window
-        scaled to the samples' length (:meth:`ConfidenceSpec.scaled`)."""
+        scaled to the samples' length (:meth:`ConfidenceSpec.scaled`). A trace ``rule``
+        that reads confidence has it read with DeepConf's k = 20 where the service reads
+        none, so that asking for the rule is enough."""
         if not self.confidence_logprobs:
-            return None
+            if rule is None or not rule.reads_confidence:
+                return None
+            return ConfidenceSpec().scaled(max_tokens)
         return ConfidenceSpec(self.confidence_logprobs).scaled(max_tokens)
 
     @classmethod
@@ -81,6 +93,7 @@ class JobDefaults:
             failure_timeout=settings.job_failure_timeout,
             reasoning_tags=ReasoningTags.parse(settings.reasoning_tags),
             confidence_logprobs=settings.confidence_logprobs,
+            traces=settings.traces,
         )
 
 
@@ -97,6 +110,7 @@ class JobOptions:
     concurrency: int | None = None
     in_flight_per_question: float | None = None
     max_rounds: int | None = None
+    traces: str | None = None
 
     @classmethod
     def asked(
@@ -123,6 +137,7 @@ class JobOptions:
             concurrency=concurrency,
             in_flight_per_question=in_flight_per_question,
             max_rounds=base.max_rounds if asked.max_rounds is None else asked.max_rounds,
+            traces=asked.traces or base.traces,
         )
 
     def key(self) -> str:
@@ -148,13 +163,19 @@ class JobMaker:
     :func:`~blendserve.engines.rendering.for_answers`) and a keyer of its own;
     each client of a pool gets one too. ``keys`` holds the answer keys' workers
     and cache (None: the module's default). ``log`` takes every question's samples,
-    of every job and pool made here (None: they are not kept).
+    of every job and pool made here (None: they are not kept). ``learners`` keeps what
+    each (client, model)'s traces taught, across its requests.
     """
 
     engine: Engine
     defaults: JobDefaults = field(default_factory=JobDefaults)
     keys: AnswerKeys | None = None
     log: SampleLog | None = None
+    learners: TraceLearners = field(default_factory=TraceLearners)
+
+    def rule(self, options: JobOptions) -> TraceRule:
+        """The trace rule ``options`` asked for, else the service's."""
+        return parse_trace_rule(options.traces or self.defaults.traces)
 
     def keyer(self, options: JobOptions) -> Keyer:
         """A fresh keyer of ``options``' answer format, reading the service's thought tags."""
@@ -163,9 +184,16 @@ class JobMaker:
     def _parts(self, options: JobOptions) -> tuple[Engine, Keyer]:
         return for_answers(self.engine, options.answer_kind), self.keyer(options)
 
-    def job(self, options: JobOptions, questions: Sequence[Question], budget: int) -> Job:
-        """A budgeted job of ``questions``."""
+    def job(
+        self,
+        options: JobOptions,
+        questions: Sequence[Question],
+        budget: int,
+        client: str = SHARED_CLIENT,
+    ) -> Job:
+        """A budgeted job of ``questions``, its traces learned as ``client``'s."""
         defaults = self.defaults
+        rule = self.rule(options)
         spec = JobSpec(
             questions=questions,
             budget=budget,
@@ -179,9 +207,11 @@ class JobMaker:
             max_rounds=defaults.max_rounds if options.max_rounds is None else options.max_rounds,
             request_timeout=defaults.request_timeout,
             failure_timeout=defaults.failure_timeout,
-            confidence=defaults.confidence(options.sampling.max_tokens),
+            confidence=defaults.confidence(options.sampling.max_tokens, rule),
+            traces=rule,
         )
-        return Job(spec, *self._parts(options), log=self.log)
+        learner = self.learners.get(client, options.model) if rule.learns else None
+        return Job(spec, *self._parts(options), log=self.log, learner=learner)
 
     def pool(
         self,
@@ -194,7 +224,9 @@ class JobMaker:
         cap: float = DEFAULT_CAP,
         max_cap: int = 64,
     ) -> Pool:
-        """A pool paced to ``budget_per_question``, or of a fixed ``target``; ``name`` labels it."""
+        """A pool paced to ``budget_per_question``, or of a fixed ``target``; ``name`` labels it.
+        Each client's traces are learned as its own for the options' model."""
+        rule = self.rule(options)
         spec = PoolSpec(
             budget_per_question=budget_per_question,
             target=target,
@@ -209,9 +241,17 @@ class JobMaker:
             else options.max_rounds,
             request_timeout=self.defaults.request_timeout,
             failure_timeout=self.defaults.failure_timeout,
-            confidence=self.defaults.confidence(options.sampling.max_tokens),
+            confidence=self.defaults.confidence(options.sampling.max_tokens, rule),
+            traces=rule,
         )
         engine, keyer = self._parts(options)
+        model = options.model
         return Pool(
-            spec, engine, keyer, name, client_keyer=lambda: self.keyer(options), log=self.log
+            spec,
+            engine,
+            keyer,
+            name,
+            client_keyer=lambda: self.keyer(options),
+            log=self.log,
+            learner_of=lambda client: self.learners.get(client, model),
         )

@@ -21,6 +21,8 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from blendserve.core.traces import STOPS
+
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "exposition",
@@ -171,6 +173,21 @@ RECORDING_LINES = Counter(
     "Questions' lines of --record by outcome: written, or lost (a write the disk refused, "
     "or more lines waiting for the disk than the writer holds).",
     ["outcome"],
+)
+
+SAMPLES_STOPPED = Counter(
+    f"{_PREFIX}_samples_stopped",
+    "Samples of answered questions by why they stopped: finished (on their own), settled "
+    "(cancelled in flight once their question settled), low_confidence (cut mid-stream by "
+    "a trace rule's cut), first_m (cancelled once their wave's first m ended), budget "
+    "(cancelled as their job ended or their caller left).",
+    ["reason"],
+)
+for _reason in STOPS:
+    SAMPLES_STOPPED.labels(_reason)
+CUT_TOKENS = Counter(
+    f"{_PREFIX}_cut_tokens",
+    "Completion tokens of the samples cut mid-stream for low confidence.",
 )
 
 ONLINE_METRICS = (

@@ -76,6 +76,14 @@ class PrometheusStats(Stats):
         metrics.ANSWER_PPR_UNCERTAINTY.observe(ppr)
         metrics.ANSWERS.labels(str(settled_early).lower()).inc()
 
+    def samples_stopped(self, stops: Mapping[str, int], cut_tokens: int) -> None:
+        """Counts an answered question's samples by why they stopped, and its cut tokens."""
+        for reason, samples in stops.items():
+            if samples:
+                metrics.SAMPLES_STOPPED.labels(reason).inc(samples)
+        if cut_tokens:
+            metrics.CUT_TOKENS.inc(cut_tokens)
+
     def pool_answered(
         self, pool: str, rounds: int, price: float, mean_samples: float, pacing_error: float
     ) -> None:

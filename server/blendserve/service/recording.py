@@ -54,6 +54,7 @@ def recorded_question(question: Question, samples: Sequence[SeenSample]) -> Reco
                 finish=s.finish_reason,
                 stop=s.stop_reason,
                 confidence=s.confidence,
+                stopped=s.stopped,
             )
             for s in samples
         ),

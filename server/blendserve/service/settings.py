@@ -18,7 +18,7 @@ from blendserve.engines.factory import EngineConfig, EngineKind
 from blendserve.engines.openai.wire import normalise_base_url
 from blendserve.scheduler.spec import DEFAULT_IN_FLIGHT_PER_QUESTION
 from blendserve.service.connections import ConnectionTimeouts
-from blendserve.service.vocabulary import check_policy
+from blendserve.service.vocabulary import TRACE_RULE_PATTERN, check_policy, check_traces
 
 __all__ = ["Settings"]
 
@@ -158,6 +158,14 @@ class Settings(BaseSettings):
         "the engine for them, which costs it time (the embedded default computes them in "
         "Python)",
     )
+    traces: str = Field(
+        "count",
+        description="the trace rule of requests that name none (count: every vote counts "
+        "one; weighted or filter by a measure, cut=PERCENTILE, first_m=M: docs/solve.md); "
+        "a rule that reads confidence asks for 20 logprobs unless --confidence-logprobs "
+        "says how many",
+        json_schema_extra={"pattern": TRACE_RULE_PATTERN},
+    )
     record: Path | None = Field(
         None,
         description="append every question's samples the service sees to this file, in the "
@@ -239,6 +247,11 @@ class Settings(BaseSettings):
     @classmethod
     def _servable(cls, value: str) -> str:
         return check_policy(value)
+
+    @field_validator("traces")
+    @classmethod
+    def _trace_rule(cls, value: str) -> str:
+        return check_traces(value)
 
     @field_validator("reasoning_tags")
     @classmethod

@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from blendserve.core.answers import search_regex
 from blendserve.core.policies import PolicySpec, policy_pattern
+from blendserve.core.traces import STOPS, TRACE_RULE_PATTERN, parse_trace_rule
 from blendserve.engines.base import SEED_MAX, SEED_MIN, SamplingParams
 from blendserve.errors import InvalidRequest
 from blendserve.service.fields import RequestModel
@@ -27,20 +28,26 @@ if TYPE_CHECKING:
 __all__ = [
     "POLICY_PATTERN",
     "SERVING_POLICIES",
+    "TRACES_DESCRIPTION",
+    "TRACE_RULE_PATTERN",
     "AnswerFormat",
     "AnswerKeyOut",
     "AnswerTextOut",
     "ChatMessages",
     "ConfidenceOut",
+    "CutTokensOut",
     "SamplingBase",
     "SamplingFields",
     "SamplingIn",
     "StoppedOut",
+    "StopsOut",
+    "VotesOut",
     "check_extra",
     "check_messages",
     "check_nesting",
     "check_policy",
     "check_text",
+    "check_traces",
     "invalid_field",
     "not_null",
     "sampling_params",
@@ -100,6 +107,27 @@ def check_text(data: Any) -> Any:
     if param is not None:
         raise invalid_field(param, unencodable_message())
     return data
+
+
+def check_traces(value: str) -> str:
+    """A trace rule's text (:func:`~blendserve.core.traces.parse_trace_rule`), as given.
+
+    Raises:
+        ValueError: an unknown vote or option, or a bad value.
+    """
+    parse_trace_rule(value)
+    return value
+
+
+#: What a ``traces`` field says, on /solve and /v1 alike.
+TRACES_DESCRIPTION = (
+    "how each sample's own signals weigh its vote and cut it: count (default: every vote "
+    "counts one), weighted or filter, with options measure=tail|mean|lowest_group|length|"
+    "auto, keep=0.9 (filter), cut=PERCENTILE (cut a sample mid-stream below the client's "
+    "learned bar) and first_m=M (a wave's first M finishers vote, the rest are cancelled), "
+    "e.g. weighted:measure=tail,cut=10; a measure that has not shown a signal in the "
+    "client's traffic changes nothing"
+)
 
 
 def check_policy(value: str) -> str:
@@ -288,15 +316,48 @@ def vote_fields(event: AnswerEvent) -> dict[str, Any]:
     return {
         "answer": event.key,
         "answer_text": event.answer,
-        "votes": event.votes,
+        "votes": _votes_out(event.votes),
         "samples": event.samples,
         "confidence": ConfidenceOut(**asdict(event.confidence)),
         "settled_early": event.settled_early,
         "partial": event.partial,
         "stopped": event.stopped,
+        "stops": event.stops,
+        "cut_tokens": event.cut_tokens,
     }
 
 
+def _votes_out(votes: dict[str, float]) -> dict[str, int | float]:
+    """Votes as both routes report them: whole counts as integers, weighted ones to 3 decimals."""
+    return {k: v if isinstance(v, int) else round(v, 3) for k, v in votes.items()}
+
+
+#: Each answer's votes, as both routes report them.
+VotesOut = Annotated[
+    dict[str, int | float],
+    Field(
+        description="votes per answer key: whole samples, or with a traces rule that weighs "
+        "them, each vote's weight summed (to 3 decimals)"
+    ),
+]
+#: Why a question's samples stopped, as both routes report it.
+StopsOut = Annotated[
+    dict[str, int],
+    Field(
+        description="the question's samples by why they stopped: "
+        + ", ".join(STOPS)
+        + " (finished: ended on its own; settled: cancelled in flight once its question "
+        "settled or stopped; low_confidence: cut mid-stream by traces' cut; first_m: "
+        "cancelled as its wave's first m had ended; budget: cancelled as the job was "
+        "cancelled or ended, or its caller left)",
+        json_schema_extra={"propertyNames": {"enum": list(STOPS)}},
+    ),
+]
+#: Completion tokens of the samples cut for low confidence, as both routes report them.
+CutTokensOut = Annotated[
+    int,
+    Field(description="completion tokens of the samples cut mid-stream for low confidence"),
+]
 #: The voted answer, as both routes report it: the winning key of ``votes``.
 AnswerKeyOut = Annotated[
     str | None,

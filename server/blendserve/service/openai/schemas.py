@@ -15,17 +15,23 @@ from blendserve.engines.base import SamplingParams
 from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
+    TRACE_RULE_PATTERN,
+    TRACES_DESCRIPTION,
     AnswerFormat,
     AnswerKeyOut,
     AnswerTextOut,
     ChatMessages,
     ConfidenceOut,
+    CutTokensOut,
     SamplingBase,
     StoppedOut,
+    StopsOut,
+    VotesOut,
     check_messages,
     check_nesting,
     check_policy,
     check_text,
+    check_traces,
     invalid_field,
     sampling_params,
 )
@@ -73,6 +79,11 @@ class BlendserveOptions(RequestModel):
         json_schema_extra={"pattern": POLICY_PATTERN},
     )
     answer: AnswerFormat | None = None
+    traces: str | None = Field(
+        None,
+        description=TRACES_DESCRIPTION + " (default: the server's --traces)",
+        json_schema_extra={"pattern": TRACE_RULE_PATTERN},
+    )
     settle_delta: float | None = Field(None, ge=0, lt=1)
     max_rounds: int | None = Field(
         None,
@@ -97,6 +108,11 @@ class BlendserveOptions(RequestModel):
     @classmethod
     def _serving_policy(cls, value: str | None) -> str | None:
         return check_policy(value) if value is not None else None
+
+    @field_validator("traces")
+    @classmethod
+    def _known_traces(cls, value: str | None) -> str | None:
+        return check_traces(value) if value is not None else None
 
 
 class StreamOptions(RequestModel):
@@ -276,7 +292,7 @@ class VoteOut(BaseModel):
 
     answer: AnswerKeyOut
     answer_text: AnswerTextOut = None
-    votes: dict[str, int]
+    votes: VotesOut
     samples: int
     confidence: ConfidenceOut
     settled_early: bool
@@ -287,6 +303,8 @@ class VoteOut(BaseModel):
         "at --sc-greedy-temperature"
     )
     stopped: StoppedOut = None
+    stops: StopsOut = Field(default_factory=dict)
+    cut_tokens: CutTokensOut = 0
 
 
 class ChatMessageOut(BaseModel):

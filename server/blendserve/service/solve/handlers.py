@@ -17,6 +17,7 @@ from blendserve.scheduler import (
     ProgressEvent,
     Question,
 )
+from blendserve.scheduler.pool import SHARED_CLIENT
 from blendserve.service.jobs import JobMaker, JobOptions
 from blendserve.service.limits import Slot
 from blendserve.service.solve.pooled import PooledJob
@@ -45,8 +46,11 @@ _STATUS = {
 _CHUNK = 1000
 
 
-async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
-    """The job for a validated request, made with the service's engine and defaults.
+async def build_job(
+    request: SolveRequest, maker: JobMaker, client: str = SHARED_CLIENT
+) -> Runnable:
+    """The job for a validated request, made with the service's engine and defaults, its
+    traces learned as ``client``'s.
 
     With ``confidence``: a pool of its own at the fixed price ``1 - confidence``. A
     large request is built a chunk of questions at a time, yielding to the event
@@ -73,8 +77,8 @@ async def build_job(request: SolveRequest, maker: JobMaker) -> Runnable:
         pool = maker.pool(
             options, "solve", budget_per_question=None, target=target, max_cap=request.cap
         )
-        return PooledJob(pool, questions)
-    return maker.job(options, questions, request.total_budget)
+        return PooledJob(pool, questions, client)
+    return maker.job(options, questions, request.total_budget, client)
 
 
 def answer_out(event: AnswerEvent, include_reasoning: bool = False) -> AnswerOut:

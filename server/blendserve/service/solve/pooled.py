@@ -21,7 +21,7 @@ from blendserve.scheduler import (
     Question,
     Usage,
 )
-from blendserve.scheduler.pool import Pool
+from blendserve.scheduler.pool import SHARED_CLIENT, Pool
 
 __all__ = ["PooledJob"]
 
@@ -34,10 +34,13 @@ class PooledJob:
     sample gets an empty partial answer and fails the batch.
     """
 
-    def __init__(self, pool: Pool, questions: Sequence[Question]) -> None:
+    def __init__(
+        self, pool: Pool, questions: Sequence[Question], client: str = SHARED_CLIENT
+    ) -> None:
         if not questions:
             raise ValueError("a job needs at least one question")
         self.pool = pool
+        self.client = client
         self.questions = list(questions)
         self.status = JobStatus.PENDING
         self._cancelled: str | None = None
@@ -59,7 +62,7 @@ class PooledJob:
         self.status = JobStatus.RUNNING
         loop = asyncio.get_running_loop()
         started = loop.time()
-        tasks = {self.pool.submit(q): i for i, q in enumerate(self.questions)}
+        tasks = {self.pool.submit(q, self.client): i for i, q in enumerate(self.questions)}
         pending = set(tasks)
         usage = Usage()
         spent = settled = 0

@@ -54,7 +54,7 @@ async def solve(body: SolveRequest, request: Request) -> SolveResponse | Respons
             prompts[f"questions.{i}.messages"] = q.messages
     extra = Passed(body.sampling.extra, "sampling.extra")
     async with admitted(request, prompts, _budget(body), param="questions", passed=extra) as held:
-        built = await build_job(body, state.job_maker)
+        built = await build_job(body, state.job_maker, state.clients.of(request.headers))
         job = state.running.add(built)
         streamed = _stream_type(request.headers.get("accept", ""), body.stream)
         thoughts = body.include_reasoning

@@ -11,17 +11,23 @@ from blendserve.core.policies import DEFAULT_POLICY
 from blendserve.service.fields import RequestModel
 from blendserve.service.vocabulary import (
     POLICY_PATTERN,
+    TRACE_RULE_PATTERN,
+    TRACES_DESCRIPTION,
     AnswerFormat,
     AnswerKeyOut,
     AnswerTextOut,
     ChatMessages,
     ConfidenceOut,
+    CutTokensOut,
     SamplingIn,
     StoppedOut,
+    StopsOut,
+    VotesOut,
     check_messages,
     check_nesting,
     check_policy,
     check_text,
+    check_traces,
     invalid_field,
     not_null,
 )
@@ -110,6 +116,11 @@ class SolveRequest(RequestModel):
         description="hedge (default), blend (Blend-ASC), asc, ppr, esc or sc; options: asc:cap=16",
         json_schema_extra={"pattern": POLICY_PATTERN},
     )
+    traces: str | None = Field(
+        None,
+        description=TRACES_DESCRIPTION + " (default: the server's --traces)",
+        json_schema_extra={"pattern": TRACE_RULE_PATTERN},
+    )
     answer: AnswerFormat = Field(default_factory=AnswerFormat)
     sampling: SamplingIn = Field(default_factory=SamplingIn)
     model: str | None = None
@@ -164,6 +175,11 @@ class SolveRequest(RequestModel):
     @classmethod
     def _known_policy(cls, value: str) -> str:
         return check_policy(value)
+
+    @field_validator("traces")
+    @classmethod
+    def _known_traces(cls, value: str | None) -> str | None:
+        return check_traces(value) if value is not None else None
 
     @model_validator(mode="after")
     def _budget(self) -> SolveRequest:
@@ -223,7 +239,7 @@ class AnswerOut(BaseModel):
     id: str
     answer: AnswerKeyOut
     answer_text: AnswerTextOut = None
-    votes: dict[str, int]
+    votes: VotesOut
     samples: int
     confidence: ConfidenceOut
     settled_early: bool
@@ -234,6 +250,8 @@ class AnswerOut(BaseModel):
     usage: UsageOut
     partial: bool = False
     stopped: StoppedOut = None
+    stops: StopsOut = Field(default_factory=dict)
+    cut_tokens: CutTokensOut = 0
     reasoning: str | None = Field(
         None,
         description="with include_reasoning: the thought of completion (null where it had "
