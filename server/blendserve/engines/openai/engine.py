@@ -204,7 +204,9 @@ class OpenAIEngine(Engine, PassThrough):
         :data:`~blendserve.core.traces.LOW_CONFIDENCE`, the text read, the tokens read as
         its ``completion_tokens`` and its confidence so far. A request whose ``n``
         choices share one stream is not cut (closing it would end them all), nor is an
-        unstreamed one (its answer comes whole): their samples run to their end.
+        unstreamed one (its answer comes whole), nor one whose stream carries no logprobs:
+        their samples run to their end. A cut stream sends no usage: its prompt tokens are
+        counted by the one-token probe an upstream without stream usage gets.
         """
         return await self._call(request)
 
