@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 from blendserve.core.signals import Confidence, ConfidenceSpec
+from blendserve.core.traces import LOW_CONFIDENCE
 from blendserve.engines import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import Timeouts
 from blendserve.engines.openai import OpenAIEngine
@@ -581,3 +582,85 @@ def test_in_process_samples_have_their_confidence_and_stop_reason() -> None:
     # Greedy after "1, 2, 3, 4,": " 5, 6" stops at " 6" (vLLM reports the stop string).
     assert stopped["finish_reason"] == "stop" and stopped["stop_reason"] == " 6", stopped
     assert stopped["confidence"]["tokens"] == stopped["completion_tokens"], stopped
+
+
+#: A cut trace's window: 16 tokens read from the top 5 logprobs.
+CUT_SPEC = ConfidenceSpec(top_logprobs=5, window=16, tail=16, block=4)
+#: What the cut trace would run to uncut: minutes on 2 cores.
+CUT_MAX_TOKENS = 64 * CUT_SPEC.window
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_trace_below_the_bar_is_cut_mid_stream_and_leaves_vllm(upstream: str, chat: bool) -> None:
+    """A bar above any window's confidence: the streamed trace is cut at its first full
+    window, its response closed, and vLLM drops it: nothing runs, it is not among the
+    requests vLLM finished (vLLM 0.32 counts a client's abort in no series), and it
+    generated a sliver of its ``max_tokens``."""
+    request = _counting(chat, 1, CUT_MAX_TOKENS, confidence=CUT_SPEC, cut_below=1e9)
+    series = ("vllm:generation_tokens_total", "vllm:request_success_total")
+    before = {name: vllm_metric(upstream, name) for name in series}
+
+    async def scenario() -> list[Sample]:
+        async with OpenAIEngine([upstream], stream=True, timeouts=Timeouts(call=300)) as engine:
+            return await engine.generate(request)
+
+    started = time.monotonic()
+    (sample,) = run_coroutine(scenario(), timeout=600)
+    cut_s = time.monotonic() - started
+    assert sample.finish_reason == LOW_CONFIDENCE, sample
+    assert sample.completion_tokens == CUT_SPEC.window, sample
+    assert sample.confidence is not None and sample.confidence.tokens == CUT_SPEC.window
+    assert sample.prompt_tokens > 0  # counted by a one-token probe: the stream sent no usage
+    left_s = wait_until(lambda: vllm_metric(upstream, RUNNING) == 0, 10, "vLLM to drop the trace")
+    after = {name: vllm_metric(upstream, name) for name in series}
+    generated, finished = (after[name] - before[name] for name in series)
+    print(
+        f"cut after {sample.completion_tokens} tokens in {cut_s:.2f} s; vLLM ran nothing "
+        f"{left_s:.2f} s later, having generated {generated:.0f} of {CUT_MAX_TOKENS}"
+    )
+    assert finished == 1, finished  # the probe alone: the trace never finished
+    assert generated < CUT_MAX_TOKENS / 4, generated
+
+
+#: Run by the vLLM venv's python: a request of 2 whose bar every window is under, through
+#: the in-process engine; then what the engine still runs.
+_CUT_SCRIPT = """
+import asyncio, json, sys, time
+from blendserve.core.signals import ConfidenceSpec
+from blendserve.engines.base import GenerateRequest, SamplingParams
+from blendserve.engines.vllm_inprocess import VLLMEngine
+
+async def main():
+    engine = VLLMEngine({"model": sys.argv[1], "max_model_len": 2048})
+    spec = ConfidenceSpec(**json.loads(sys.argv[3]))
+    params = SamplingParams(max_tokens=int(sys.argv[4]), temperature=0.8,
+                            extra={"ignore_eos": True})
+    request = GenerateRequest(prompt=sys.argv[2], n=2, params=params, confidence=spec,
+                              cut_below=1e9)
+    started = time.monotonic()
+    samples = await engine.generate(request)
+    seconds = time.monotonic() - started
+    await asyncio.sleep(0)  # the aborts sent as the singles ended
+    running = engine._engine.get_num_unfinished_requests()
+    result = {"samples": [[s.finish_reason, s.completion_tokens, s.confidence.tokens]
+                          for s in samples], "seconds": seconds, "running": running}
+    print("RESULT", json.dumps(result))
+    await engine.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_in_process_a_trace_below_the_bar_is_cut_and_aborted() -> None:
+    python = require_vllm()
+    done = subprocess.run(
+        [str(python), "-c", _CUT_SCRIPT, str(MODEL_DIR), COUNTING,
+         json.dumps(dataclasses.asdict(CUT_SPEC)), str(CUT_MAX_TOKENS)],
+        capture_output=True, text=True, timeout=STARTUP_S, env={**os.environ, **ENV}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    print(f"in-process: 2 traces cut in {result['seconds']:.2f} s")
+    assert result["samples"] == [[LOW_CONFIDENCE, CUT_SPEC.window, CUT_SPEC.window]] * 2, result
+    assert result["running"] == 0, result  # aborted, not run on to max_tokens

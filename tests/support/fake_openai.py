@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -31,7 +32,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ THOUGHT = (
     "Let me see, 3+4 is 7? No wait, maybe \\boxed{8}. Answer: (B)? "
     "So #### 144, since 12*12 = 144. Hmm."
 )
+#: The per-token top logprobs of a fallen trace's words, ``-FALLEN_STEP * j`` (``fall_at``).
+FALLEN_STEP = 0.002
 #: What a thought cut at max_tokens ends with (it never closes).
 CUT_TAIL = " But let me double check 12*12=144"
 
@@ -134,7 +137,11 @@ class FakeState:
     ``scale`` the sample's serial mod 3 plus 1, so its confidence is
     ``0.05 * (k + 1) * scale``; streamed a word a chunk, with its logprobs),
     ``ignored`` (none sent, as a server that does not support them), ``garbage``
-    (logprobs of the wrong shape); None: as ``openai``.
+    (logprobs of the wrong shape); None: as ``openai``. ``fall_at``: a streamed
+    answer that asks for logprobs is a trace whose confidence falls: ``fall_at`` words
+    read as ``openai`` ones, then words of confidence :data:`FALLEN` (top logprobs
+    ``-0.002 * j``) without end, until the client leaves (a client that never cuts it
+    runs into its ``max_tokens``); ``fallen_sent`` counts those sent.
     Counters: ``requests`` (completion requests received), ``in_flight``,
     ``max_in_flight``, ``samples_served`` (choices in answers sent),
     ``disconnects`` (clients that went away while waiting), ``model_requests``,
@@ -187,6 +194,8 @@ class FakeState:
     slow_answered: int = 0
     extra_metrics: str = ""
     logprobs: str | None = None
+    fall_at: int | None = None
+    fallen_sent: int = 0
     requests: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
@@ -336,11 +345,19 @@ def asked_logprobs(body: dict[str, Any] | None) -> int:
     return int(body["logprobs"])
 
 
-def _logprobs(state: FakeState, words: list[str], scale: int, k: int, chat: bool) -> Any:
-    """``words``' logprobs in the API's shape (``FakeState.logprobs``)."""
+def fallen_confidence(k: int) -> float:
+    """The confidence of a fallen word's token (``fall_at``) read from its top ``k``."""
+    return FALLEN_STEP * (k + 1) / 2
+
+
+def _logprobs(
+    state: FakeState, words: list[str], scale: int, k: int, chat: bool, step: float = 0.1
+) -> Any:
+    """``words``' logprobs in the API's shape (``FakeState.logprobs``): the top ``k`` of each
+    ``-step * j * scale``."""
     if state.logprobs == "garbage":
         return {"content": "not a list"} if chat else {"top_logprobs": 7}
-    tops = [[-0.1 * j * scale for j in range(1, k + 1)] for _ in words]
+    tops = [[-step * j * scale for j in range(1, k + 1)] for _ in words]
     if chat:
         return {
             "content": [
@@ -474,18 +491,12 @@ async def _chunks(
     def event(data: dict[str, Any]) -> str:
         return _event(data, multiline)
 
+    k = asked_logprobs(body)
     try:
-        if state.endless_line:  # a hostile upstream: one line for ever
-            yield 'data: {"choices": [{"index": 0, "delta": {"content": "'
-            while True:
-                yield "x" * 4096
-                await asyncio.sleep(0)
-        while state.endless:  # a hostile upstream: chunks for ever
-            piece = "x" * state.endless_piece
-            yield event({"choices": [{"index": 0, "delta": {"content": piece}}]})
-            await asyncio.sleep(0)
+        async for endless in _endless(state, texts[0], chat, k, event):
+            yield endless
         for i, written in enumerate(texts):
-            for piece in _pieces(written, chat, state, asked_logprobs(body)):
+            for piece in _pieces(written, chat, state, k):
                 yield event({"choices": [{"index": i, **piece}]})
                 if hostile and state.stream_error:
                     yield event(ERROR_CHUNK)
@@ -511,6 +522,34 @@ async def _chunks(
         raise
     finally:
         state.in_flight -= 1
+
+
+async def _endless(
+    state: FakeState, written: Written, chat: bool, k: int, event: Callable[[dict[str, Any]], str]
+) -> AsyncIterator[str]:
+    """The streams that never end, where a knob asks for one (nothing otherwise): hostile
+    ones (``endless_line``, ``endless``) and a trace whose confidence falls (``fall_at``,
+    asked for ``k`` logprobs), a word a chunk."""
+    if state.endless_line:  # a hostile upstream: one line for ever
+        yield 'data: {"choices": [{"index": 0, "delta": {"content": "'
+        while True:
+            yield "x" * 4096
+            await asyncio.sleep(0)
+    while state.endless:  # a hostile upstream: chunks for ever
+        piece = "x" * state.endless_piece
+        yield event({"choices": [{"index": 0, "delta": {"content": piece}}]})
+        await asyncio.sleep(0)
+    if state.fall_at is None or not k:
+        return
+    for i in itertools.count():
+        word = f" w{i}"
+        fallen = i >= state.fall_at
+        piece: dict[str, Any] = {"delta": {"content": word}} if chat else {"text": word}
+        step = FALLEN_STEP if fallen else 0.1
+        piece["logprobs"] = _logprobs(state, [word], 1 if fallen else written.scale, k, chat, step)
+        yield event({"choices": [{"index": 0, **piece}]})
+        state.fallen_sent += fallen
+        await asyncio.sleep(0)  # a stream the client may leave at any chunk
 
 
 async def _complete(

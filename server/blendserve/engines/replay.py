@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blendserve.core.signals import Confidence
+from blendserve.core.traces import LOW_CONFIDENCE
 from blendserve.engines.base import Engine, EngineHealth, EngineLoad, GenerateRequest, Sample
 from blendserve.engines.continuous import ContinuousBatch
 from blendserve.engines.step_cost import StepCost
@@ -36,6 +38,7 @@ __all__ = [
     "ReplayData",
     "ReplayEngine",
     "ReplayStats",
+    "cut_point",
     "render",
 ]
 
@@ -116,6 +119,41 @@ def render(answer: str | None, kind: str) -> tuple[str, str]:
     if kind == "regex":
         return f"{_REASONING}\nAnswer: {answer}", "stop"
     return f"{_REASONING} Putting it together, the answer is {answer}.", "stop"
+
+
+def cut_point(confidence: Confidence | None, window: int, bar: float | None) -> int | None:
+    """The tokens a recorded trace had read when its window confidence first fell below
+    ``bar``, replayed from its trajectory (:meth:`Confidence.windows`); None: it never
+    does, or it cannot be replayed: no bar, no trajectory, or a recorded window other than
+    ``window`` (the request's), or not whole blocks of it."""
+    if bar is None or confidence is None or not confidence.groups:
+        return None
+    if confidence.window != window or window % confidence.block:
+        return None
+    for read, value in confidence.windows(window // confidence.block):
+        if value < bar:
+            return read
+    return None
+
+
+def _cut_confidence(confidence: Confidence, read: int, tail: int) -> Confidence:
+    """``confidence`` as it stood after ``read`` tokens (a block boundary, or its end): the
+    mean of its blocks so far, the lowest window so far, the mean of its last ``tail``
+    tokens' blocks (whole blocks: the trajectory is no finer)."""
+    blocks = confidence.window // confidence.block
+    kept = -(-read // confidence.block)
+    groups = confidence.groups[:kept]
+    sizes = [confidence.block] * kept
+    sizes[-1] = read - confidence.block * (kept - 1)
+    mean = sum(g * n for g, n in zip(groups, sizes, strict=True)) / read
+    lowest = min(value for at, value in confidence.windows(blocks) if at <= read)
+    last = max(1, min(kept, -(-tail // confidence.block)))
+    tail_mean = sum(g * n for g, n in zip(groups[-last:], sizes[-last:], strict=True)) / sum(
+        sizes[-last:]
+    )
+    return Confidence(
+        mean, lowest, tail_mean, read, confidence.window, confidence.block, tuple(groups)
+    )
 
 
 #: What replay data may be: a recording's path, its lines, or its questions read.
@@ -248,7 +286,12 @@ class ReplayEngine(Engine):
     rendered (:func:`render`); its recorded ``tokens`` are its completion tokens (else the
     latency model's ``length``), its recorded finish reason (else the rendering's) and stop
     reason are its own, and its recorded confidence is served where the request asks for
-    confidences. ``seed`` seeds the draws (a request's own ``seed`` overrides it);
+    confidences. A request's ``cut_below`` cuts a sample recorded with its trajectory where
+    its replayed window first falls below it (:func:`cut_point`; the request's window must
+    be the recorded one, else nothing is cut): it is served with finish reason
+    :data:`~blendserve.core.traces.LOW_CONFIDENCE`, no answer in its text, the tokens read
+    then and its confidence so far, and the modelled clocks charge only those tokens.
+    ``seed`` seeds the draws (a request's own ``seed`` overrides it);
     ``latency`` is zero by default; ``sink`` gets its samples and latencies as upstream
     ``replay``; ``answer_kind`` is the extractor its completions are written for
     (:meth:`rendering` gives the same engine for another).
@@ -360,20 +403,11 @@ class ReplayEngine(Engine):
             tokens = self._lengths(drawn, texts)
             text = request.prompt if request.prompt is not None else str(request.messages)
             prompt_tokens = _prompt_tokens(text)
-            # Like a real engine, confidences only where the request asked for logprobs.
-            confident = request.confidence is not None
             samples = [
-                Sample(
-                    text,
-                    recorded.finish or finish,
-                    prompt_tokens,
-                    count,
-                    self.name,
-                    stop_reason=recorded.stop,
-                    confidence=recorded.confidence if confident else None,
-                )
-                for recorded, (text, finish), count in zip(drawn, texts, tokens, strict=True)
+                self._served(request, recorded, rendered, count, prompt_tokens, kind)
+                for recorded, rendered, count in zip(drawn, texts, tokens, strict=True)
             ]
+            tokens = [sample.completion_tokens for sample in samples]  # a cut one's read
             if self._continuous is not None:
                 ends = self._continuous.ends(prompt_tokens, tokens, _prompt_key(text))
                 async with contextlib.aclosing(ends):
@@ -393,6 +427,36 @@ class ReplayEngine(Engine):
         finally:
             self.stats.in_flight -= 1
             self.sink.upstream_samples(self.name, outcome, request.n)
+
+    def _served(
+        self,
+        request: GenerateRequest,
+        recorded: RecordedSample,
+        rendered: tuple[str, str],
+        tokens: int,
+        prompt_tokens: int,
+        kind: str,
+    ) -> Sample:
+        """A drawn sample as served: as recorded, or cut where ``request.cut_below`` says."""
+        spec = request.confidence
+        # Like a real engine, confidences only where the request asked for logprobs.
+        confidence = recorded.confidence if spec is not None else None
+        window = 0 if spec is None else spec.window
+        read = cut_point(confidence, window, request.cut_below)
+        if confidence is not None and spec is not None and read is not None and read < tokens:
+            cut = _cut_confidence(confidence, read, spec.tail)
+            text = render(None, kind)[0]  # no answer: the trace never reached one
+            return Sample(text, LOW_CONFIDENCE, prompt_tokens, read, self.name, confidence=cut)
+        text, finish = rendered
+        return Sample(
+            text,
+            recorded.finish or finish,
+            prompt_tokens,
+            tokens,
+            self.name,
+            stop_reason=recorded.stop,
+            confidence=confidence,
+        )
 
     def _delay(self, tokens: list[int]) -> float:
         """Seconds a request of samples of ``tokens`` lasts under the fixed-wave model."""

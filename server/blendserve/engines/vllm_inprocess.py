@@ -9,6 +9,13 @@ A request with a :class:`~blendserve.core.signals.ConfidenceSpec` asks vLLM for 
 output's ``logprobs`` hold one ``{token_id: Logprob}`` a token (its new tokens' in
 ``DELTA``, all of them in ``FINAL_ONLY``), the sampled token's beside the top k.
 
+A request with a ``cut_below`` bar is read step by step (``DELTA``) and sent as single
+requests (a request of ``n`` as ``n``, seeded ``seed + i``, as vLLM seeds its children):
+once a sample's window confidence falls below the bar, it is handed over with finish
+reason :data:`~blendserve.core.traces.LOW_CONFIDENCE`, the text and tokens it had, and its
+request is aborted in the engine, which frees its slot (vLLM aborts a request by the id
+it was given; the children of one request of ``n`` have ids of vLLM's own).
+
 A caller's ``seed`` is dropped on vLLM's CPU build while it splits prefills into chunks
 (its default): there, a seeded request whose prompt is prefilled over more than one step
 kills the engine core (vLLM 0.32 rewinds the request's generator with ``set_offset``,
@@ -18,6 +25,7 @@ which a CPU ``torch.Generator`` does not have), and with it every request in fli
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import time
@@ -26,6 +34,7 @@ from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from blendserve.core.signals import ConfidenceMeter
+from blendserve.core.traces import LOW_CONFIDENCE
 from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample
 from blendserve.engines.engine_cost import Busy, EngineCost, cost_counters
 from blendserve.errors import EngineDown, EngineError, EngineUnavailable
@@ -135,7 +144,31 @@ class VLLMEngine(Engine):
             await asyncio.sleep(COST_INTERVAL_S)
 
     async def _run(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
-        """Each sample once its output is finished; ``kind`` is vLLM's output kind."""
+        """Each sample once its output is finished, or cut (see the module); ``kind`` is
+        vLLM's output kind where nothing is cut."""
+        if request.cut_below is None or request.confidence is None:
+            async for sample in self._run_one(request, kind):
+                yield sample
+            return
+        if request.n == 1:
+            async for sample in self._run_one(request, self._delta):
+                yield sample
+            return
+
+        async def single(i: int) -> list[Sample]:
+            one = dataclasses.replace(request, n=1, params=request.params.from_sample(i))
+            return [sample async for sample in self._run_one(one, self._delta)]
+
+        tasks = [asyncio.ensure_future(single(i)) for i in range(request.n)]
+        try:
+            for ended in asyncio.as_completed(tasks):
+                for sample in await ended:
+                    yield sample
+        finally:
+            await cancel_all(tasks)  # closed early: the singles still running are aborted
+
+    async def _run_one(self, request: GenerateRequest, kind: Any) -> AsyncGenerator[Sample, None]:
+        """One vLLM request's samples (see :meth:`_run`)."""
         self._watch_cost()
         p = request.params
         extra = {k: v for k, v in p.extra.items() if k != "chat_template_kwargs"}
@@ -171,7 +204,18 @@ class VLLMEngine(Engine):
                     if spec is not None:
                         if o.index not in meters:
                             meters[o.index] = ConfidenceMeter(spec)
-                        _read_logprobs(meters[o.index], o)
+                        read = _read_logprobs(meters[o.index], o, request.cut_below)
+                        if read is not None and o.finish_reason is None:
+                            # Cut (a single request): the finally below aborts it.
+                            yield Sample(
+                                "".join(texts.pop(o.index)),
+                                LOW_CONFIDENCE,
+                                prompt_tokens,
+                                tokens.pop(o.index) - len(o.token_ids) + read,
+                                self.name,
+                                confidence=meters.pop(o.index).summary(),
+                            )
+                            return
                     if o.finish_reason is not None:
                         meter = meters.pop(o.index, None)
                         yield Sample(
@@ -234,14 +278,22 @@ class VLLMEngine(Engine):
         self._engine.shutdown()
 
 
-def _read_logprobs(meter: ConfidenceMeter, output: Any) -> None:
+def _read_logprobs(meter: ConfidenceMeter, output: Any, bar: float | None = None) -> int | None:
     """Reads a completion output's tokens into ``meter``: its ``logprobs`` are one
     ``{token_id: Logprob}`` a token (a list, or vLLM's ``FlatLogprobs``, which iterates as
-    one), the sampled token's beside the top k, of which the meter takes the k largest."""
+    one), the sampled token's beside the top k, of which the meter takes the k largest.
+
+    With ``bar``, stops at the first token after which the window confidence is below it
+    and returns the output's tokens read by then (None: it never fell below)."""
     positions: Iterable[Any] = output.logprobs or ()
-    for position in positions:
+    for i, position in enumerate(positions):
         if position:
             meter.add(entry.logprob for entry in position.values())
+            if bar is not None:
+                group = meter.group()
+                if group is not None and group < bar:
+                    return i + 1
+    return None
 
 
 def _seeds_are_safe(engine: Any) -> bool:

@@ -243,3 +243,38 @@ def test_a_callers_own_logprobs_are_passed_unchanged() -> None:
     assert fake.params[0].kwargs["logprobs"] == 5
     (sample,) = samples
     assert sample.confidence == _expected(TRACES[0], spec)  # the spec's k of the caller's 5
+
+
+#: Windows of one token from the top 2: the first trace's tokens read 2.025, 1.25, 1.25.
+CUT_SPEC = ConfidenceSpec(top_logprobs=2, window=1, tail=1, block=1)
+
+
+@pytest.mark.usefixtures("fake_vllm")
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "generate"])
+def test_a_sample_whose_window_falls_below_the_bar_is_cut_and_aborted(streamed: bool) -> None:
+    """A request of 2 with a bar goes as two singles, read step by step; each is cut at its
+    second token (1.25 < 1.5) and aborted in the engine."""
+    request = GenerateRequest(
+        prompt="q", n=2, params=SamplingParams(max_tokens=5), confidence=CUT_SPEC, cut_below=1.5
+    )
+    samples, fake = _run(request, streamed)
+    assert [p.kwargs["n"] for p in fake.params] == [1, 1]
+    assert all(p.kwargs["output_kind"] is FakeOutputKind.DELTA for p in fake.params)
+    for sample in samples:
+        assert sample.finish_reason == "low_confidence" and sample.stop_reason is None
+        assert (sample.text, sample.completion_tokens, sample.prompt_tokens) == ("t0t1", 2, 4)
+        assert sample.confidence is not None and sample.confidence.tokens == 2
+        assert sample.confidence.tail == pytest.approx(-sum(_TORN[:2]) / 2)
+    assert len(fake.aborted) == 2 and len(set(fake.aborted)) == 2  # each single's own
+
+
+@pytest.mark.usefixtures("fake_vllm")
+@pytest.mark.parametrize("bar", [None, 0.5], ids=["no-bar", "below-every-window"])
+def test_a_sample_above_the_bar_runs_to_its_end(bar: float | None) -> None:
+    request = GenerateRequest(
+        prompt="q", n=1, params=SamplingParams(max_tokens=5), confidence=CUT_SPEC, cut_below=bar
+    )
+    [sample], fake = _run(request, False)
+    assert (sample.finish_reason, sample.completion_tokens, sample.text) == ("stop", 3, "t0t1t2")
+    assert sample.confidence == _expected(TRACES[0], CUT_SPEC)
+    assert fake.aborted == []

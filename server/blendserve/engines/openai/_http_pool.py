@@ -20,7 +20,7 @@ from typing import Any
 import httpcore2
 import httpx2
 
-from blendserve.engines.openai.wire import collect_events, server_events
+from blendserve.engines.openai.wire import CutBar, collect_events, server_events
 from blendserve.util.cancel import DeadlinePassed, within
 
 __all__ = ["HttpPool"]
@@ -248,12 +248,15 @@ class HttpPool:
         sending: Callable[[], None] | None = None,
         max_pieces: int | None = None,
         top_logprobs: int | None = None,
+        cut: CutBar | None = None,
     ) -> httpx2.Response:
         """POSTs a JSON body to ``base + path``, with ``headers`` besides the pool's; read in full.
 
         With ``collect_stream``, a 2xx event stream is read event by event into the
         equivalent non-streamed response, failed past ``max_pieces`` pieces of text, its
-        tokens' confidences read from their ``top_logprobs`` (see ``collect_events``).
+        tokens' confidences read from their ``top_logprobs``, and cut where ``cut`` says
+        (see ``collect_events``): the response is closed there, before its end, which
+        releases the upstream request.
         ``sending`` is called once a connection takes the request (never on a pool
         timeout; maybe more than once, when a connection turns it away).
 
@@ -270,7 +273,7 @@ class HttpPool:
             headers=[*self._post_headers[base], *headers] if headers else self._post_headers[base],
             extensions=extensions,
         )
-        return await self._send(base, request, collect_stream, None, max_pieces, top_logprobs)
+        return await self._send(base, request, collect_stream, None, max_pieces, top_logprobs, cut)
 
     async def open(
         self, base: str, path: str, body: bytes, read_timeout: float
@@ -360,6 +363,7 @@ class HttpPool:
         patience: float | None = None,
         max_pieces: int | None = None,
         top_logprobs: int | None = None,
+        cut: CutBar | None = None,
     ) -> httpx2.Response:
         shard = await self._take(base, request, patience)
         try:
@@ -375,9 +379,10 @@ class HttpPool:
                     contextlib.aclosing(self.capped(decoded, request)) as chunks,
                 ):
                     if collect_stream and raw.is_success:
-                        # Closing mid-stream (cancellation) makes the upstream stop generating.
+                        # Closing mid-stream (cancellation, a cut) makes the upstream stop
+                        # generating.
                         async with contextlib.aclosing(server_events(chunks)) as events:
-                            payload = await collect_events(events, max_pieces, top_logprobs)
+                            payload = await collect_events(events, max_pieces, top_logprobs, cut)
                         response = httpx2.Response(200, json=payload)
                     else:
                         content = b"".join([c async for c in chunks])

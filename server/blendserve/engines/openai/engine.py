@@ -45,6 +45,7 @@ from blendserve.engines.openai._upstreams import Upstreams
 from blendserve.engines.openai.wire import (
     CHAT,
     COMPLETIONS,
+    CutBar,
     error_message,
     normalise_base_url,
     parse_response,
@@ -195,6 +196,17 @@ class OpenAIEngine(Engine, PassThrough):
             EngineProtocolError: the last attempt answered unusably.
             UpstreamRejected: a status that is not retried (a 4xx other than 429).
             InvalidRequest: ``params.extra`` sets ``n``, ``seed`` or ``stream``.
+
+        ``request.cut_below`` is honoured on streamed single requests (``stream=True``; a
+        request of ``n`` sent as singles, as :meth:`stream` sends it, included): a sample
+        whose window confidence falls below it stops being read, its response is closed
+        (the upstream aborts it), and it comes back with finish reason
+        :data:`~blendserve.core.traces.LOW_CONFIDENCE`, the text read, the tokens read as
+        its ``completion_tokens`` and its confidence so far. A request whose ``n``
+        choices share one stream is not cut (closing it would end them all), nor is an
+        unstreamed one (its answer comes whole), nor one whose stream carries no logprobs:
+        their samples run to their end. A cut stream sends no usage: its prompt tokens are
+        counted by the one-token probe an upstream without stream usage gets.
         """
         return await self._call(request)
 
@@ -271,14 +283,15 @@ class OpenAIEngine(Engine, PassThrough):
         key = request.question_id
         seed = request.params.seed
         spec = request.confidence
+        bar = request.cut_below
         if n > 1 and self._send_singles(key):
             seeds = self._seeds(seed, 0, n)
-            samples = await self._fan_out(path, body, key, seeds, deadline, spec)
+            samples = await self._fan_out(path, body, key, seeds, deadline, spec, bar)
         else:
-            samples = await self._fetch(path, body, n, seed, key, deadline, spec)
+            samples = await self._fetch(path, body, n, seed, key, deadline, spec, bar)
             if len(samples) < n:
                 seeds = self._seeds(seed, len(samples), n - len(samples))
-                samples += await self._fan_out(path, body, key, seeds, deadline, spec)
+                samples += await self._fan_out(path, body, key, seeds, deadline, spec, bar)
         if self._stream and not all(s.prompt_tokens for s in samples):
             count = await self._upstreams.prompt_tokens(path, body, key)
             if count is not None:
@@ -307,9 +320,10 @@ class OpenAIEngine(Engine, PassThrough):
         seeds: list[int],
         deadline: float,
         spec: ConfidenceSpec | None,
+        bar: float | None = None,
     ) -> list[Sample]:
         results = await all_or_cancel(
-            [self._fetch(path, body, 1, seed, key, deadline, spec) for seed in seeds]
+            [self._fetch(path, body, 1, seed, key, deadline, spec, bar) for seed in seeds]
         )
         return [sample for result in results for sample in result]
 
@@ -322,11 +336,16 @@ class OpenAIEngine(Engine, PassThrough):
         key: str | None,
         deadline: float,
         spec: ConfidenceSpec | None,
+        bar: float | None = None,
     ) -> list[Sample]:
         """One logical request for ``want`` samples, retried; 1..want samples back, their
-        confidence read as ``spec`` says."""
+        confidence read as ``spec`` says; a streamed single cut once its window confidence
+        falls below ``bar`` (see :meth:`generate`)."""
         encoded = sampling_body(body, want, seed, self._stream)
         pieces = piece_limit(body, want) if self._stream else None
+        cut = None
+        if self._stream and want == 1 and spec is not None and bar is not None:
+            cut = CutBar(spec, bar)
         session = ((self._session_header, key),) if self._session_header and key else ()
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
@@ -345,7 +364,7 @@ class OpenAIEngine(Engine, PassThrough):
                     "every upstream is marked unhealthy (circuit breaker open)"
                 ) from last
             outcome = await self._attempt(
-                replica, path, encoded, want, pieces, session, attempt > 0, spec
+                replica, path, encoded, want, pieces, session, attempt > 0, spec, cut
             )
             if isinstance(outcome, list):
                 return outcome
@@ -376,6 +395,7 @@ class OpenAIEngine(Engine, PassThrough):
         session: Sequence[tuple[str, str]],
         retry: bool,
         spec: ConfidenceSpec | None,
+        cut: CutBar | None = None,
     ) -> list[Sample] | tuple[Exception, float | None]:
         """One attempt at ``replica``: its samples, or a retryable error and its Retry-After.
 
@@ -408,6 +428,7 @@ class OpenAIEngine(Engine, PassThrough):
                     sending,
                     pieces,
                     None if spec is None else spec.top_logprobs,
+                    cut,
                 )
             finally:
                 self._replicas.release(replica, want)

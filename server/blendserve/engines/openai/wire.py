@@ -26,6 +26,7 @@ from blendserve.core.signals import (
     ConfidenceSpec,
     token_confidence,
 )
+from blendserve.core.traces import LOW_CONFIDENCE
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.errors import EngineProtocolError, InvalidRequest
 
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_TOKENS",
     "REASONING_FIELDS",
     "TOKENIZER_PATHS",
+    "CutBar",
     "ServerEvent",
     "collect_events",
     "encode",
@@ -498,10 +500,19 @@ def _stated(error: Any, data: bytes) -> str:
     return error[:500] if isinstance(error, str) else _quoted(data)
 
 
+class CutBar(NamedTuple):
+    """A streamed sample is cut once its window confidence (read by ``spec``) falls
+    ``below`` this (:attr:`~blendserve.engines.base.GenerateRequest.cut_below`)."""
+
+    spec: ConfidenceSpec
+    below: float
+
+
 async def collect_events(
     events: AsyncIterator[ServerEvent],
     max_pieces: int | None = None,
     top_logprobs: int | None = None,
+    cut: CutBar | None = None,
 ) -> dict[str, Any]:
     """Assembles a streamed completion (its server-sent events) into the non-streamed shape.
 
@@ -511,6 +522,14 @@ async def collect_events(
     as they come, into a choice's ``token_confidences`` (one float a token, not the
     k logprobs: :func:`parse_samples` sums them up).
 
+    With ``cut`` (a stream of one completion), the reading stops at the first token after
+    which the window confidence is below the bar: the choice is handed over with finish
+    reason :data:`~blendserve.core.traces.LOW_CONFIDENCE`, the text of the chunks read
+    (the last one whole: a chunk's text is not split by token), and the tokens read up to
+    that one as its ``completion_tokens`` and ``token_confidences``. The caller closes the
+    stream, which releases the upstream request. A stream that turns out to hold more than
+    one choice is never cut: closing it would end its other choices too.
+
     Raises:
         EngineProtocolError: a chunk is not a completion chunk, the stream reports
             an error, or it sends more than ``max_pieces`` pieces of text.
@@ -519,6 +538,7 @@ async def collect_events(
     usage: dict[str, Any] | None = None
     num_chunks = 0
     chat = False
+    k = top_logprobs if cut is None or top_logprobs is not None else cut.spec.top_logprobs
     async for event in events:
         name, data = event
         if name == "error":
@@ -530,26 +550,39 @@ async def collect_events(
             usage = chunk.usage.model_dump(exclude_none=True) or usage
         for choice in chunk.choices or ():
             chat = chat or choice.delta is not None
-            num_chunks += choices.setdefault(choice.index, _Assembled()).add(choice, top_logprobs)
+            taken = choices.get(choice.index)
+            if taken is None:
+                if choices:
+                    cut = None  # one choice of several cannot be closed alone
+                    for other in choices.values():
+                        other.meter = None
+                taken = choices[choice.index] = _Assembled(cut)
+            num_chunks += taken.add(choice, k)
         if max_pieces is not None and num_chunks > max_pieces:
             raise EngineProtocolError(
                 f"the stream sent over {max_pieces} pieces of text, more than its"
                 " max_tokens allow: a runaway stream"
             )
+        if cut is not None and any(c.cut_at is not None for c in choices.values()):
+            break
     assembled = [choices[index].body(index, chat) for index in sorted(choices)]
     # An upstream without stream usage: a content chunk is about one token.
     return {"choices": assembled, "usage": usage or {"completion_tokens": num_chunks}}
 
 
 class _Assembled:
-    """One choice of a stream, as its chunks come."""
+    """One choice of a stream, as its chunks come; with ``cut``, watched for its window
+    confidence falling below the bar."""
 
-    def __init__(self) -> None:
+    def __init__(self, cut: CutBar | None = None) -> None:
         self.texts: list[str] = []
         self.thoughts: list[str] = []
         self.finish: str | None = None
         self.stop: str | int | None = None
         self.confidences: list[float] | None = None
+        self.meter = None if cut is None else ConfidenceMeter(cut.spec)
+        self.bar = -math.inf if cut is None else cut.below
+        self.cut_at: int | None = None  # tokens read when the bar was crossed
 
     def add(self, choice: _Choice, top_logprobs: int | None) -> int:
         """Takes a chunk's choice; returns the pieces of text it held (0, 1 or 2)."""
@@ -567,8 +600,25 @@ class _Assembled:
         if top_logprobs is not None and choice.logprobs is not None:
             if self.confidences is None:
                 self.confidences = []
-            self.confidences += token_confidences(choice.logprobs, top_logprobs)
+            read = token_confidences(choice.logprobs, top_logprobs)
+            if self.meter is not None and self.cut_at is None:
+                read = self._watch(read)
+            self.confidences += read
         return bool(piece) + bool(thought)
+
+    def _watch(self, read: list[float]) -> list[float]:
+        """Feeds ``read`` to the meter, token by token; those up to the one after which the
+        window falls below the bar (all where it does not)."""
+        meter = self.meter
+        assert meter is not None
+        for i, confidence in enumerate(read):
+            meter.add_confidence(confidence)
+            group = meter.group()
+            if group is not None and group < self.bar:
+                self.cut_at = meter.tokens
+                self.finish, self.stop = LOW_CONFIDENCE, None
+                return read[: i + 1]
+        return read
 
     def body(self, index: int, chat: bool) -> dict[str, Any]:
         """The choice in the non-streamed shape."""
@@ -584,6 +634,8 @@ class _Assembled:
             body["stop_reason"] = self.stop
         if self.confidences is not None:
             body["token_confidences"] = self.confidences
+        if self.cut_at is not None:
+            body["completion_tokens"] = self.cut_at
         return body
 
 
