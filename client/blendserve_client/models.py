@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["Answer", "Budget", "Confidence", "Progress", "SolveResult", "Usage"]
 
@@ -37,13 +37,17 @@ class Answer(_Model):
     had one); ``answer_text`` is that answer as its first sample wrote it
     (``"144.0"``), for display. A reasoning model's ``completion`` is its
     final answer; with ``include_reasoning``, ``reasoning`` is its thought.
+    ``votes`` are weighted under a ``traces`` rule that weighs them; ``stops``
+    counts the question's samples by why they stopped (``finished``,
+    ``settled``, ``low_confidence``, ``first_m``, ``budget``), and
+    ``cut_tokens`` are the tokens of those cut for low confidence.
     """
 
     index: int
     id: str
     answer: str | None
     answer_text: str | None = None
-    votes: dict[str, int]
+    votes: dict[str, int | float]
     samples: int
     confidence: Confidence
     settled_early: bool
@@ -52,6 +56,8 @@ class Answer(_Model):
     partial: bool = False
     stopped: str | None = None  # "truncated": its samples kept being cut at max_tokens
     reasoning: str | None = None  # with include_reasoning: the completion's thought
+    stops: dict[str, int] = Field(default_factory=dict)
+    cut_tokens: int = 0
 
 
 class Budget(_Model):

@@ -60,6 +60,8 @@ class SolveOptions(_Options):
     ``max_samples_per_question``). ``policy`` is a policy string, ``hedge``
     (the default), ``blend``, ``asc``, ``ppr``, ``esc`` or ``sc`` with options
     (``asc:cap=16``; the grammar is in the service's docs/policies.md).
+    ``traces`` is a trace rule (``weighted:measure=auto,cut=10``: how each
+    sample's confidence and length weigh its vote and cut it; docs/solve.md).
     ``answer`` takes an :data:`AnswerKind` (``"number"``), ``{"kind",
     "pattern"}`` or an :class:`AnswerFormat`; ``sampling`` a mapping or a
     :class:`Sampling`. The service checks ranges and combinations (a 422
@@ -72,6 +74,7 @@ class SolveOptions(_Options):
     confidence: float | None = None
     max_samples_per_question: int | None = Field(None, description="with confidence: the cap")
     policy: str | None = None
+    traces: str | None = None
     answer: AnswerFormat | None = None
     sampling: Sampling | None = None
     model: str | None = None
@@ -110,6 +113,7 @@ class SolveFields(TypedDict, total=False):
     confidence: float | None
     max_samples_per_question: int | None
     policy: str | None
+    traces: str | None
     answer: AnswerKind | AnswerFormat | Mapping[str, Any] | None
     sampling: Sampling | Mapping[str, Any] | None
     model: str | None

@@ -140,7 +140,7 @@ def test_every_option_reaches_the_body_as_the_server_takes_it() -> None:
         "budget_per_question": 4, "policy": "asc:cap=16",
         "answer": {"kind": "regex", "pattern": "= (\\d+)"}, "sampling": sampling,
         "model": "m", "settle_delta": 0.1, "concurrency": 8, "in_flight_per_question": 0.5,
-        "max_rounds": 2, "include_reasoning": True,
+        "max_rounds": 2, "include_reasoning": True, "traces": "weighted:cut=10",
     }  # fmt: skip
     target = {"confidence": 0.95, "max_samples_per_question": 16}
     questions = [{"prompt": "What is 6 * 7?"}]
