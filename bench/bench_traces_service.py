@@ -1,14 +1,15 @@
 """Trace rules through the service: ``POST /solve`` on a loopback server over the replay
 engine, each decode step priced by the H100 profile, lengths and confidences as recorded.
 
-    python bench/bench_traces_service.py [--sets real,flat-d1,flat-d0] [--budget 12]
+    python bench/bench_traces_service.py [--sets real,flat-d1,flat-d0] [--budgets 12 24]
         [--rules count weighted:measure=auto ...] [--reps 2] [--time-scale 0.05]
 
 What :mod:`bench_traces` measures in the simulator, here as a user gets it: for each set,
 a client first sends the choosing half of its questions as traffic (what its learner is
 taught from: agreement with each answer, no gold), then the reporting half, timed; a
 fresh client for each rule and seed, so that no rule learns from another's traffic.
-SC@32 is the reporting half sent as ``policy: sc`` with 32 samples a question. Each
+SC@32 is the reporting half sent as ``policy: sc`` with a question's 32 samples in one
+request, every question at once. Each
 request carries its questions' answer format; requests of several formats go at once on
 one engine.
 
@@ -156,8 +157,8 @@ async def _run(
     who = f"{rule}#{seed}"
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600) as client:
         fields: dict[str, Any] = {"sampling": {"seed": seed, "max_tokens": MAX_TOKENS}}
-        if rule == "sc@32":
-            fields["policy"] = "sc"
+        if rule == "sc@32":  # a question's 32 samples in one request, all at once
+            fields.update(policy="sc", in_flight_per_question=32, concurrency=4096)
             budget = 32
         else:
             fields["traces"] = rule
@@ -192,25 +193,24 @@ def evaluate(set_name: str, rules: Sequence[str], args: argparse.Namespace) -> s
         port = server.servers[0].sockets[0].getsockname()[1]
         try:
             rows = []
-            for rule in ("sc@32", *rules):
+            for budget, rule in [(32, "sc@32")] + [(b, r) for b in args.budgets for r in rules]:
                 runs = [
-                    asyncio.run(
-                        _run(port, choose, report, rule, args.budget, seed, args.time_scale)
-                    )
+                    asyncio.run(_run(port, choose, report, rule, budget, seed, args.time_scale))
                     for seed in range(args.reps)
                 ]
-                rows.append((rule, runs))
+                rows.append((budget, rule, runs))
         finally:
             server.should_exit = True
             thread.join()
-    sc_tokens = statistics.fmean(r["tokens"] for r in rows[0][1])
+    sc_tokens = statistics.fmean(r["tokens"] for r in rows[0][2])
     lines = [
         f"### {set_name}: {len(report)} questions reported, after {len(choose)} taught; "
-        f"{args.budget} samples a question, {args.reps} seeds\n",
-        "| rule | error | samples/q | tokens/q | tokens vs SC@32 | modelled s | stopped/q |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        f"{args.reps} seeds\n",
+        "| rule | budget/q | error | samples/q | tokens/q | tokens vs SC@32 | modelled s "
+        "| stopped/q |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for rule, runs in rows:
+    for budget, rule, runs in rows:
         stops: Counter[str] = Counter()
         for r in runs:
             stops.update(r["stops"])
@@ -220,8 +220,9 @@ def evaluate(set_name: str, rules: Sequence[str], args: argparse.Namespace) -> s
             f"{k} {v / len(runs):.1f}" for k, v in sorted(stops.items()) if k != "finished"
         )
         lines.append(
-            f"| `{rule}` | {mean['error']:.3f} | {mean['samples']:.1f} | {mean['tokens']:.0f} | "
-            f"{mean['tokens'] / sc_tokens:.2f} | {seconds:.1f} | {stopped or '-'} |"
+            f"| `{rule}` | {budget} | {mean['error']:.3f} | {mean['samples']:.1f} | "
+            f"{mean['tokens']:.0f} | {mean['tokens'] / sc_tokens:.2f} | {seconds:.1f} | "
+            f"{stopped or '-'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -230,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", default="real,flat-d1,flat-d0")
     parser.add_argument("--rules", nargs="+", default=list(RULES))
-    parser.add_argument("--budget", type=int, default=12, help="samples a question")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[12], help="samples a question")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="qwen2.5-7b-h100")
