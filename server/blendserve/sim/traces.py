@@ -47,6 +47,8 @@ __all__ = [
     "TraceRun",
     "TraceSample",
     "cut_point",
+    "deepconf_bar",
+    "deepconf_kept",
     "deepconf_warmup",
     "learner_from",
     "load_traces",
@@ -55,6 +57,7 @@ __all__ = [
     "run_ours",
     "run_sc",
     "trace_questions",
+    "weighted_leader",
 ]
 
 #: Draws made at a time per question (fixed, so that a draw depends only on its index).
@@ -343,6 +346,26 @@ def _weighted_leader(votes: Iterable[tuple[str | None, float]]) -> tuple[str | N
     return leader, (top / whole if whole > 0 else 0.0)
 
 
+def weighted_leader(votes: Iterable[tuple[str | None, float]]) -> tuple[str | None, float]:
+    """The answer with the largest summed weight among ``votes`` (key, weight; a None key
+    abstains), the first to reach it on a tie, and its share of all the weight (0: no
+    vote): DeepConf's vote and its consensus."""
+    return _weighted_leader(votes)
+
+
+def deepconf_kept(confidences: Sequence[float], eta: float) -> list[int]:
+    """DeepConf offline's filter: the indices, in order, of the top ``eta`` percent (at
+    least one) of traces by ``confidences`` (their lowest groups), ties to the earlier."""
+    keep = max(1, math.ceil(len(confidences) * eta / 100.0 - 1e-9))
+    return sorted(sorted(range(len(confidences)), key=lambda i: (-confidences[i], i))[:keep])
+
+
+def deepconf_bar(confidences: Sequence[float], eta: float) -> float:
+    """DeepConf online's bar from its warm-up traces' lowest groups: their ``100 - eta``
+    percentile (eta 10: DeepConf-low, the top tenth pass; 90: DeepConf-high)."""
+    return float(np.percentile(confidences, 100.0 - eta))
+
+
 def run_deepconf_offline(
     questions: Sequence[TraceQuestion], k: int, eta: float, seed: int
 ) -> TraceRun:
@@ -352,9 +375,8 @@ def run_deepconf_offline(
     run = TraceRun.empty(len(questions))
     for q, question in enumerate(questions):
         traces = [draws.next(q) for _ in range(k)]
-        keep = max(1, math.ceil(k * eta / 100.0 - 1e-9))
-        kept = sorted(range(k), key=lambda i: (-_confidence(traces[i]), i))[:keep]
-        leader, _ = _weighted_leader((traces[i].key, _confidence(traces[i])) for i in sorted(kept))
+        kept = deepconf_kept([_confidence(t) for t in traces], eta)
+        leader, _ = _weighted_leader((traces[i].key, _confidence(traces[i])) for i in kept)
         run.samples[q] = k
         run.tokens[q] = sum(t.tokens for t in traces)
         run.right[q] = _is_right(question, leader)
@@ -387,7 +409,7 @@ def run_deepconf_online(
     first = warmup if warmup is not None else deepconf_warmup(budget)
     for q, question in enumerate(questions):
         traces = [draws.next(q) for _ in range(first)]
-        bar = float(np.percentile([_confidence(t) for t in traces], 100.0 - eta))
+        bar = deepconf_bar([_confidence(t) for t in traces], eta)
         votes = [(t.key, _confidence(t)) for t in traces if _confidence(t) >= bar]
         tokens = sum(t.tokens for t in traces)
         drawn, cut = first, 0
