@@ -12,7 +12,9 @@ and its options: ``measure`` (``tail``, ``mean``, ``lowest_group``, ``length`` o
 ``auto``), ``keep`` (the filter's share), ``cut`` (a trace whose window confidence falls
 below this percentile of the traffic's finished traces' lowest groups is cut
 mid-stream: DeepConf's online bar, learned rather than warmed up per question) and
-``first_m`` (a wave's first ``m`` finishers vote; the rest are cut: short-m@k).
+``first_m`` (a wave's first ``m`` finishers vote; the rest are cut: short-m@k, which
+bets that shorter samples are right more often, so it acts only once ``length`` has
+shown that it is so).
 
 A :class:`TraceLearner` is what one client's traffic taught: each answered question
 hands it its voting samples, labelled by whether they agreed with the question's answer
@@ -148,8 +150,9 @@ class TraceRule:
 
     @property
     def learns(self) -> bool:
-        """Whether the rule reads what the traffic taught (weights or a bar)."""
-        return self.vote != "count" or self.cut is not None
+        """Whether the rule reads what the traffic taught (weights, a bar, or whether
+        length tells, for ``first_m``)."""
+        return not self.is_count
 
     def __str__(self) -> str:
         options = [f"measure={self.measure}"] if self.vote != "count" else []
@@ -298,6 +301,13 @@ class TraceLearner:
             return None
         seen = learned.sorted_raw
         return seen[min(len(seen) - 1, int(len(seen) * rule.cut / 100.0))]
+
+    def first_m(self, rule: TraceRule) -> int | None:
+        """The ``first_m`` of ``rule`` once the traffic has shown that shorter samples agree
+        more often (None: no wave is cut short)."""
+        if rule.first_m is None or self.strength("length") <= 0.0:
+            return None
+        return rule.first_m
 
     def summary(self) -> dict[str, float]:
         """Each measure's strength, for logs and ``/health``."""

@@ -317,13 +317,15 @@ class Job:
         return q
 
     def _first_m(self, request: _Request) -> None:
-        """With ``first_m``: once ``m`` samples of a wave of more ended, the rest of it still
-        in flight is cancelled (refunded as each request ends; the question goes on)."""
-        m, wave = self.rule.first_m, request.wave
-        if m is None or wave is None:
+        """With ``first_m``, once the learner trusts length: once ``m`` samples of a wave of
+        more ended, the rest of it still in flight is cancelled (refunded as each request
+        ends; the question goes on)."""
+        wave = request.wave
+        if wave is None:
             return
         wave.ended += 1
-        if wave.size <= m or wave.ended != m:
+        m = self.learner.first_m(self.rule)
+        if m is None or wave.size <= m or wave.ended != m:
             return
         for task, other in self._in_flight.items():
             if other.wave is wave and (other.left or other.late):

@@ -379,7 +379,7 @@ class Pool:
         priority = -math.inf if first else -rule.log_uncertainty(*state.votes.state(0))
         await self.slots.acquire(wave, priority)
         left = wave
-        first_m = self.spec.traces.first_m
+        first_m = state.client.traces.first_m(self.spec.traces)
         reason = "budget"  # why those left stop, unless the wave ends otherwise
         try:
             sizes = [self.spec.max_samples_per_request] * (

@@ -309,11 +309,12 @@ def _wave(
     ends = [s.tokens if c is None else c for s, c in zip(wave, cuts, strict=True)]
     stop_at = math.inf
     voters = set(i for i, c in enumerate(cuts) if c is None)
-    if rule.first_m is not None:
+    first_m = learner.first_m(rule)
+    if first_m is not None:
         finishing = sorted(voters, key=lambda i: (wave[i].tokens, i))
-        if len(finishing) > rule.first_m:
-            stop_at = wave[finishing[rule.first_m - 1]].tokens
-            voters = set(finishing[: rule.first_m])
+        if len(finishing) > first_m:
+            stop_at = wave[finishing[first_m - 1]].tokens
+            voters = set(finishing[:first_m])
     out = []
     for i, sample in enumerate(wave):
         charged = int(min(ends[i], stop_at))

@@ -55,7 +55,22 @@ def test_what_a_rule_reads() -> None:
     assert not TraceRule().reads_confidence and not TraceRule().learns
     assert not TraceRule("weighted", "length").reads_confidence
     assert TraceRule(cut=10).reads_confidence and TraceRule(cut=10).learns
-    assert not TraceRule(first_m=2).learns
+    assert TraceRule(first_m=2).learns and not TraceRule(first_m=2).reads_confidence
+
+
+def test_first_m_waits_for_length_to_tell() -> None:
+    rule = TraceRule(first_m=2)
+    assert _learner(separation=1.0).first_m(rule) is None  # lengths were drawn independently
+    learner = TraceLearner()
+    for _ in range(20):  # the short samples agreed, the long ones did not
+        learner.learn([TraceFacts(100 + i, None, True) for i in range(4)])
+        learner.learn(
+            [TraceFacts(100 + i, None, True) for i in range(4)]
+            + [TraceFacts(400 + i, None, False) for i in range(4)]
+        )
+    assert learner.strength("length") > 0.5
+    assert learner.first_m(rule) == 2
+    assert learner.first_m(TraceRule()) is None
 
 
 def test_noise_is_never_trusted_and_changes_nothing() -> None:

@@ -181,10 +181,22 @@ def test_a_job_that_cuts_needs_a_confidence_spec() -> None:
         Job(spec, FakeTraceEngine({"q": [SURE]}), last_word)
 
 
+def _short_agree() -> TraceLearner:
+    """A learner whose traffic showed that short samples agree and long ones do not."""
+    learner = TraceLearner()
+    for _ in range(16):
+        short = [TraceFacts(100, None, True)] * 8
+        long = [TraceFacts(400, None, False)] * 8
+        learner.learn(short + long)
+    return learner
+
+
 def test_first_m_cancels_the_rest_of_a_wave_and_the_question_goes_on() -> None:
     # One wave of 4 requests of one sample: the 3rd and 4th hang until cancelled.
     engine = FakeTraceEngine({"q": [SURE]}, hang={"q": {2, 3}})
-    events = _job("count:first_m=2", engine, 4, concurrency=4, max_samples_per_request=1)
+    events = _job(
+        "count:first_m=2", engine, 4, _short_agree(), concurrency=4, max_samples_per_request=1
+    )
     answer, done = _answer(events), events[-1]
     assert isinstance(done, DoneEvent) and done.spent == 4
     assert [r.n for r in engine.requests[:4]] == [1, 1, 1, 1]
@@ -192,6 +204,14 @@ def test_first_m_cancels_the_rest_of_a_wave_and_the_question_goes_on() -> None:
     # Refunded and sent again: the question still took its whole budget.
     assert answer.samples == 4 and answer.votes == {"a": 4}
     assert answer.stops["first_m"] == 2 and answer.stops["finished"] == 4
+
+
+def test_first_m_cuts_no_wave_before_length_has_told() -> None:
+    engine = FakeTraceEngine({"q": [SURE]})
+    events = _job("count:first_m=2", engine, 4, concurrency=4, max_samples_per_request=1)
+    answer = _answer(events)
+    assert engine.cancelled == 0
+    assert answer.stops["first_m"] == 0 and answer.stops["finished"] == 4
 
 
 def test_samples_cancelled_because_the_question_settled_are_counted_so() -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import numpy as np
 from blendserve.core.signals import Confidence
-from blendserve.core.traces import TraceLearner, TraceRule, parse_trace_rule
+from blendserve.core.traces import TraceFacts, TraceLearner, TraceRule, parse_trace_rule
 from blendserve.recordings.format import RecordedQuestion, RecordedSample
 from blendserve.sim.trace_data import trace_recording, write_recording
 from blendserve.sim.traces import (
@@ -133,7 +133,15 @@ def test_first_m_keeps_the_shortest_and_charges_the_rest_to_the_mth() -> None:
         [RecordedQuestion("q", tuple(_sample(str(t), 10.0, t) for t in (160, 240, 320, 480)))]
     )
     draws, mirror = TraceDraws(questions, seed=1), TraceDraws(questions, seed=1)
-    wave = _wave(draws, 0, 8, TraceRule(first_m=2), TraceLearner(), None)
+    # Nothing is cut short before length has shown that shorter samples agree more.
+    untaught = _wave(
+        TraceDraws(questions, seed=1), 0, 8, TraceRule(first_m=2), TraceLearner(), None
+    )
+    assert not any(cut for *_, cut in untaught)
+    learner = TraceLearner()
+    for _ in range(16):
+        learner.learn([TraceFacts(100, None, True)] * 8 + [TraceFacts(400, None, False)] * 8)
+    wave = _wave(draws, 0, 8, TraceRule(first_m=2), learner, None)
     drawn = sorted((questions[0].samples[mirror.index(0, k)].tokens, k) for k in range(8))
     second = drawn[1][0]
     voters = {k for _, k in drawn[:2]}
