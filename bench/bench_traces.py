@@ -62,7 +62,11 @@ SC_K = 32
 OURS: dict[str, tuple[str, ...]] = {
     "count (default)": ("count",),
     "weighted": ("weighted:measure=auto", "weighted:measure=length"),
-    "filter": ("filter:measure=auto,keep=0.9", "filter:measure=auto,keep=0.5"),
+    "filter": (
+        "filter:measure=auto,keep=0.9",
+        "filter:measure=auto,keep=0.5",
+        "filter:measure=auto,keep=0.1",
+    ),
     "cut": ("count:cut=10", "count:cut=30", "count:cut=50"),
     "first_m": ("count:first_m=1", "count:first_m=2", "count:first_m=4"),
 }

@@ -5,8 +5,9 @@ grammar of :mod:`blendserve.core.options`: ``vote[:key=value,...]``
 
 - ``count`` (the default): every vote counts one; nothing is read from a trace.
 - ``weighted``: a vote counts by how its trace's measure ranks among the traffic's.
-- ``filter``: DeepConf's filter, online: a vote whose measure ranks in the least
-  confident ``1 - keep`` of the traffic's all but stops counting.
+- ``filter``: DeepConf's filter: while a question is sampled, a vote whose measure ranks
+  in the least confident ``1 - keep`` of the traffic's all but stops counting; its
+  answer is the one most of its own most confident ``keep`` share gave.
 
 and its options: ``measure`` (``tail``, ``mean``, ``lowest_group``, ``length`` or
 ``auto``), ``keep`` (the filter's share), ``cut`` (a trace whose window confidence falls
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -301,6 +302,31 @@ class TraceLearner:
             return None
         seen = learned.sorted_raw
         return seen[min(len(seen) - 1, int(len(seen) * rule.cut / 100.0))]
+
+    def kept_answer(
+        self, rule: TraceRule, voters: Sequence[tuple[Hashable, int, Confidence | None]]
+    ) -> Hashable | None:
+        """With ``filter``, once its measure has shown a signal: DeepConf's filter within
+        one question, the answer most of the ``keep`` share of its ``voters`` (key, tokens,
+        confidence) that score highest gave (a tie: the one the surest of them gave).
+        None: the weighted vote stands."""
+        if rule.vote != "filter" or not voters:
+            return None
+        measure = self.chosen(rule, any(c is not None for _, _, c in voters))
+        if self.strength(measure) <= 0.0:
+            return None
+        scored = [
+            (value, key)
+            for key, tokens, confidence in voters
+            if (value := measure_of(measure, tokens, confidence)) is not None
+        ]
+        if not scored:
+            return None
+        scored.sort(key=lambda pair: -pair[0])  # stable: equal scores in the order voted
+        kept = [key for _, key in scored[: max(1, math.ceil(rule.keep * len(scored)))]]
+        counts = Counter(kept)
+        most = max(counts.values())
+        return next(key for key in kept if counts[key] == most)
 
     def first_m(self, rule: TraceRule) -> int | None:
         """The ``first_m`` of ``rule`` once the traffic has shown that shorter samples agree

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from blendserve.answers import DEFAULT_REASONING_TAGS, ReasoningTags, SampleKeyer
 from blendserve.core.signals import Confidence as TraceConfidence
-from blendserve.core.traces import LOW_CONFIDENCE, STOPS, TraceFacts
+from blendserve.core.traces import LOW_CONFIDENCE, STOPS, TraceFacts, TraceLearner, TraceRule
 from blendserve.core.uncertainty import asc_log_uncertainty, ppr_log_uncertainty
 from blendserve.core.votes import VoteState
 from blendserve.engines.base import Sample
@@ -184,10 +184,17 @@ class Ballots:
         id: str,
         settled_early: bool,
         partial: bool,
+        learner: TraceLearner | None = None,
+        rule: TraceRule | None = None,
     ) -> AnswerEvent:
-        """Question ``q`` of ``votes`` answered now: its winner, votes and confidence."""
+        """Question ``q`` of ``votes`` answered now: its winner, votes and confidence. The
+        winner is the vote's, or where a ``rule`` filters, the answer its ``learner`` keeps
+        (:meth:`~blendserve.core.traces.TraceLearner.kept_answer`)."""
         n1, n2, num_distinct = votes.state(q)
-        key = votes.answer(q)
+        kept = None
+        if learner is not None and rule is not None and self.voters:
+            kept = learner.kept_answer(rule, self.voters)
+        key = kept if kept is not None else votes.answer(q)
         winner_key = str(key) if key is not None else None
         counts = {str(k): v for k, v in votes.counts[q].items()}
         winner = self.answers.get(winner_key) if winner_key is not None else None

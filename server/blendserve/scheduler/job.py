@@ -641,6 +641,8 @@ class Job:
             id=self.spec.questions[q].id,
             settled_early=self.policy.is_settled(q),
             partial=partial,
+            learner=self.learner,
+            rule=self.rule,
         )
 
     def _progress(self) -> ProgressEvent:

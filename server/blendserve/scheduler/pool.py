@@ -443,6 +443,8 @@ class Pool:
             id=state.question.id,
             settled_early=not capped and not partial and state.ballots.stopped is None,
             partial=partial,
+            learner=state.client.traces,
+            rule=self.spec.traces,
         )
         confidence = event.confidence
         self.sink.answered(event.samples, confidence.share, confidence.ppr, event.settled_early)

@@ -276,6 +276,7 @@ def run_ours(
     run = TraceRun.empty(num_questions)
     bar = learner.bar(rule)
     rounds = [0] * num_questions
+    voters: list[list[tuple[str, int, Confidence | None]]] = [[] for _ in questions]
     sizes = allocation.plan_waves(plan, rounds)
     while sizes:
         sent = [(q, allocation.assign(q, k)) for q, k in sizes.items()]
@@ -283,14 +284,18 @@ def run_ours(
             break
         for q, k in sent:
             rounds[q] += 1
-            for key, weight, tokens, cut in _wave(draws, q, k, rule, learner, bar):
+            for sample, key, weight, tokens, cut in _wave(draws, q, k, rule, learner, bar):
                 allocation.observe(q, key, weight)
                 run.tokens[q] += tokens
                 run.cut[q] += cut
+                if key is not None:
+                    voters[q].append((key, sample.tokens, sample.confidence))
             run.samples[q] += k
         sizes = allocation.plan_waves(plan, rounds)
     for q, question in enumerate(questions):
-        run.right[q] = _is_right(question, allocation.votes.leaders[q])
+        kept = learner.kept_answer(rule, voters[q])
+        leader = kept if kept is not None else allocation.votes.leaders[q]
+        run.right[q] = _is_right(question, leader)
     return run
 
 
@@ -301,9 +306,9 @@ def _wave(
     rule: TraceRule,
     learner: TraceLearner,
     bar: float | None,
-) -> list[tuple[str | None, float, int, bool]]:
-    """A wave of ``k`` samples of ``q``: each sample's (vote key, weight, tokens charged,
-    cut)."""
+) -> list[tuple[TraceSample, str | None, float, int, bool]]:
+    """A wave of ``k`` samples of ``q``: each sample, its vote key, weight, tokens charged
+    and whether it was cut."""
     wave = [draws.next(q) for _ in range(k)]
     cuts = [cut_point(s, bar) for s in wave]
     ends = [s.tokens if c is None else c for s, c in zip(wave, cuts, strict=True)]
@@ -320,9 +325,9 @@ def _wave(
         charged = int(min(ends[i], stop_at))
         if i in voters:
             weight = learner.weight(rule, sample.tokens, sample.confidence)
-            out.append((sample.key, weight, charged, False))
+            out.append((sample, sample.key, weight, charged, False))
         else:
-            out.append((None, 1.0, charged, True))
+            out.append((sample, None, 1.0, charged, True))
     return out
 
 

@@ -142,3 +142,20 @@ def test_unweighted_votes_stay_whole_numbers() -> None:
     votes.add(0, "x")
     votes.add(0, "x")
     assert votes.counts[0] == {"x": 2} and isinstance(votes.counts[0]["x"], int)
+
+
+def test_a_filter_answers_with_its_most_confident_share_once_trusted() -> None:
+    voters = [
+        ("a", 300, Confidence(9.0, 8.0, 9.0)),
+        ("a", 300, Confidence(9.5, 8.5, 9.5)),
+        ("a", 300, Confidence(9.2, 8.2, 9.2)),
+        ("b", 300, Confidence(13.0, 12.0, 13.0)),
+        ("b", 300, Confidence(12.5, 11.5, 12.5)),
+    ]
+    rule = TraceRule("filter", "tail", keep=0.4)
+    assert _learner(separation=1.0).kept_answer(rule, voters) == "b"  # the surest two
+    assert _learner(separation=0.0).kept_answer(rule, voters) is None  # noise: the vote stands
+    assert _learner(separation=1.0).kept_answer(TraceRule("weighted", "tail"), voters) is None
+    # A tie among those kept goes to the answer of the surest.
+    tie = [("a", 300, Confidence(12.0, 11.0, 12.0)), ("b", 300, Confidence(13.0, 12.0, 13.0))]
+    assert _learner(separation=1.0).kept_answer(TraceRule("filter", "tail", keep=1.0), tie) == "b"

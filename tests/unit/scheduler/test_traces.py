@@ -147,6 +147,14 @@ def test_weighted_votes_count_what_the_learner_weighs_them() -> None:
     assert answer.stops["finished"] == answer.samples == 6
 
 
+def test_a_filter_answers_with_the_most_confident_share_of_the_question() -> None:
+    engine = FakeTraceEngine({"q": [SURE, UNSURE, UNSURE]})
+    answer = _answer(_job("filter:measure=mean,keep=0.3", engine, 6, trained()))
+    assert answer.key == "a"  # the surest third of its 6 samples: both "a"
+    untrained = _answer(_job("filter:measure=mean,keep=0.3", engine, 6, TraceLearner()))
+    assert untrained.key == "b" and untrained.votes == {"a": 2, "b": 4}
+
+
 def test_a_measure_with_no_signal_changes_nothing() -> None:
     engine = FakeTraceEngine({"q": [SURE, UNSURE, UNSURE]})
     answer = _answer(_job("weighted:measure=mean", engine, 6, TraceLearner()))

@@ -145,7 +145,7 @@ def test_first_m_keeps_the_shortest_and_charges_the_rest_to_the_mth() -> None:
     drawn = sorted((questions[0].samples[mirror.index(0, k)].tokens, k) for k in range(8))
     second = drawn[1][0]
     voters = {k for _, k in drawn[:2]}
-    for k, (key, weight, tokens, cut) in enumerate(wave):
+    for k, (_, key, weight, tokens, cut) in enumerate(wave):
         own = questions[0].samples[mirror.index(0, k)].tokens
         assert cut == (k not in voters)
         assert tokens == (own if k in voters else min(own, second))
