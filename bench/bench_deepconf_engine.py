@@ -50,7 +50,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from bench_traces_service import MAX_TOKENS, _format, _gold, _halves
+from bench_traces_service import MAX_TOKENS, answer_format, gold_key, halves
 from blendserve.answers import AnswerKind, acanonical_key, aextract, canonical_key, extract
 from blendserve.answers import shutdown as shutdown_keys
 from blendserve.core.signals import ConfidenceSpec
@@ -106,7 +106,7 @@ class Asker:
         """``n`` traces of ``question`` in one request, its first the question's
         ``first``-th; cut below ``bar`` (None: none cut); each keyed as the service keys
         answers of the question's format."""
-        kind = cast(AnswerKind, _format(question))
+        kind = cast(AnswerKind, answer_format(question))
         request = GenerateRequest(
             prompt=question.prompt or question.id,
             question_id=question.id,
@@ -222,7 +222,7 @@ def _run(
     n = len(outcomes)
     wrong = 0
     for question, outcome in zip(questions, outcomes, strict=True):
-        gold = _gold(question)
+        gold = gold_key(question)
         wrong += outcome.answer is None or gold is None or outcome.answer != gold
     return {
         "error": wrong / n,
@@ -237,7 +237,7 @@ def _warm_keys(questions: Sequence[RecordedQuestion]) -> None:
     """Keys every recorded answer once, so that no timed run pays for a first sympy parse
     (the cache keeps them): the first method run would pay for all the others."""
     for question in questions:
-        kind = cast(AnswerKind, _format(question))
+        kind = cast(AnswerKind, answer_format(question))
         for sample in question.samples:
             answer = extract(render(sample.answer, kind)[0], kind)
             if answer is not None:
@@ -246,7 +246,7 @@ def _warm_keys(questions: Sequence[RecordedQuestion]) -> None:
 
 def evaluate(set_name: str, args: argparse.Namespace) -> str:
     """The table of one set."""
-    _, report = _halves(set_name, args.seed)
+    _, report = halves(set_name, args.seed)
     _warm_keys(report)
     with tempfile.TemporaryDirectory() as folder:
         data = Path(folder) / "set.jsonl"

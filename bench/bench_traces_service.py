@@ -49,10 +49,11 @@ RECORDING = Path(__file__).parent / "recordings" / "data" / "qwen2.5-coder-0.5b.
 RULES = (
     "count",
     "weighted:measure=auto",
-    "filter:measure=auto,keep=0.5",
+    "filter:measure=auto,keep=0.1",
     "count:cut=30",
     "count:first_m=2",
     "weighted:measure=auto,cut=30",
+    "filter:measure=auto,keep=0.1,cut=30",
 )
 CLIENT_HEADER = "x-bench-client"
 #: The recordings' ``max_tokens``: a request's confidence window scales to it
@@ -61,7 +62,7 @@ CLIENT_HEADER = "x-bench-client"
 MAX_TOKENS = 512
 
 
-def _halves(set_name: str, seed: int) -> tuple[list[RecordedQuestion], list[RecordedQuestion]]:
+def halves(set_name: str, seed: int) -> tuple[list[RecordedQuestion], list[RecordedQuestion]]:
     """The choosing and the reporting half of a set, as :mod:`bench_traces` splits it."""
     if set_name == "real":
         records = [parse_record(v, f"{RECORDING}:{n}") for n, v in read_jsonl(RECORDING, "rec")]
@@ -82,13 +83,15 @@ def _halves(set_name: str, seed: int) -> tuple[list[RecordedQuestion], list[Reco
     return choose, report
 
 
-def _format(question: RecordedQuestion) -> str:
+def answer_format(question: RecordedQuestion) -> str:
+    """The answer kind a question's answers are keyed by."""
     value = question.extra.get("answer_format", "auto")
     return value if isinstance(value, str) else "auto"
 
 
-def _gold(question: RecordedQuestion) -> str | None:
-    kind = _format(question)
+def gold_key(question: RecordedQuestion) -> str | None:
+    """The question's right answer, keyed: its gold, else its recorded plurality."""
+    kind = answer_format(question)
     if question.gold is not None:
         return canonical_key(question.gold, kind)
     counts = Counter(s.answer for s in question.samples if s.answer is not None)
@@ -105,7 +108,7 @@ async def _solve(
     """Every question answered: one request per answer format, all at once."""
     by_format: dict[str, list[RecordedQuestion]] = {}
     for q in questions:
-        by_format.setdefault(_format(q), []).append(q)
+        by_format.setdefault(answer_format(q), []).append(q)
 
     async def one(kind: str, group: list[RecordedQuestion]) -> list[dict[str, Any]]:
         body = {
@@ -127,7 +130,7 @@ async def _solve(
 def _figures(
     answers: list[dict[str, Any]], questions: Sequence[RecordedQuestion], seconds: float
 ) -> dict[str, Any]:
-    gold = {q.id: (_gold(q), _format(q)) for q in questions}
+    gold = {q.id: (gold_key(q), answer_format(q)) for q in questions}
     wrong = 0
     stops: Counter[str] = Counter()
     for answer in answers:
@@ -171,7 +174,7 @@ async def _run(
 
 def evaluate(set_name: str, rules: Sequence[str], args: argparse.Namespace) -> str:
     """The table of one set."""
-    choose, report = _halves(set_name, args.seed)
+    choose, report = halves(set_name, args.seed)
     with tempfile.TemporaryDirectory() as folder:
         data = Path(folder) / "set.jsonl"
         write_recording(data, [*choose, *report])

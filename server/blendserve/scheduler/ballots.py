@@ -8,6 +8,7 @@ text) and handed to the log once the question is done with, answered or let go.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -95,11 +96,16 @@ class Ballots:
         """Counts ``n`` samples cancelled in flight for ``reason`` (one of ``STOPS``)."""
         self.stops[reason] += n
 
-    def facts(self, answer: str | None) -> list[TraceFacts]:
-        """The voting samples kept, labelled by whether they voted for ``answer``."""
+    def facts(self) -> list[TraceFacts]:
+        """The voting samples kept, labelled by whether they voted for the answer most of
+        them gave, each counting one whatever a trace rule weighed it: a label must not
+        follow from what the learner taught, or a rule that answers by confidence would
+        teach it that confidence agrees."""
+        voters = self.voters or []
+        counts = Counter(key for key, _, _ in voters)
+        plurality = counts.most_common(1)[0][0] if counts else None
         return [
-            TraceFacts(tokens, confidence, key == answer)
-            for key, tokens, confidence in self.voters or ()
+            TraceFacts(tokens, confidence, key == plurality) for key, tokens, confidence in voters
         ]
 
     def hand_over(self, question: Question, log: SampleLog | None) -> None:

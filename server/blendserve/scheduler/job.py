@@ -621,8 +621,8 @@ class Job:
                 state = self._states.pop(q, None)
                 if state is not None:
                     state.hand_over(self.spec.questions[q], self.log)
-                    if self.rule.learns and event.key is not None:
-                        self.learner.learn(state.facts(event.key))
+                    if self.rule.learns:
+                        self.learner.learn(state.facts())
                 self.sink.samples_stopped(event.stops, event.cut_tokens)
                 self._report.answer(
                     event.samples,

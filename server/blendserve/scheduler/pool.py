@@ -449,6 +449,6 @@ class Pool:
         confidence = event.confidence
         self.sink.answered(event.samples, confidence.share, confidence.ppr, event.settled_early)
         self.sink.samples_stopped(event.stops, event.cut_tokens)
-        if self.spec.traces.learns and event.key is not None:
-            state.client.traces.learn(state.ballots.facts(event.key))
+        if self.spec.traces.learns:
+            state.client.traces.learn(state.ballots.facts())
         return event

@@ -155,6 +155,21 @@ def test_a_filter_answers_with_the_most_confident_share_of_the_question() -> Non
     assert untrained.key == "b" and untrained.votes == {"a": 2, "b": 4}
 
 
+def test_the_learner_is_taught_by_the_plain_plurality_not_by_the_rule_s_answer() -> None:
+    # A filter answers "a" by confidence; had it taught that "a" agreed, confidence would
+    # look like agreement whatever it meant (a loop that feeds itself).
+    taught = TraceLearner()
+    learned: list[list[TraceFacts]] = []
+    taught.learn = learned.append  # type: ignore[method-assign]
+    for attribute, value in vars(trained()).items():
+        setattr(taught, attribute, value)
+    engine = FakeTraceEngine({"q": [SURE, UNSURE, UNSURE]})
+    answer = _answer(_job("filter:measure=mean,keep=0.3", engine, 6, taught))
+    assert answer.key == "a"
+    (facts,) = learned
+    assert [f.agreed for f in facts] == [f.confidence.mean < 0.5 for f in facts if f.confidence]
+
+
 def test_a_measure_with_no_signal_changes_nothing() -> None:
     engine = FakeTraceEngine({"q": [SURE, UNSURE, UNSURE]})
     answer = _answer(_job("weighted:measure=mean", engine, 6, TraceLearner()))
