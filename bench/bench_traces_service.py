@@ -1,8 +1,9 @@
 """Trace rules through the service: ``POST /solve`` on a loopback server over the replay
 engine, each decode step priced by the H100 profile, lengths and confidences as recorded.
 
-    python bench/bench_traces_service.py [--sets real,flat-d1,flat-d0] [--budgets 12 24]
-        [--rules count weighted:measure=auto ...] [--reps 2] [--time-scale 0.05]
+    python bench/bench_traces_service.py [--sets flat-d1,real,flat-d0,peaked-d1]
+        [--budgets 12 24] [--rules count weighted:measure=auto ...] [--reps 2]
+        [--time-scale 0.2]
 
 What :mod:`bench_traces` measures in the simulator, here as a user gets it: for each set,
 a client first sends the choosing half of its questions as traffic (what its learner is
@@ -232,13 +233,15 @@ def evaluate(set_name: str, rules: Sequence[str], args: argparse.Namespace) -> s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sets", default="real,flat-d1,flat-d0")
+    parser.add_argument("--sets", default="flat-d1,real,flat-d0,peaked-d1")
     parser.add_argument("--rules", nargs="+", default=list(RULES))
-    parser.add_argument("--budgets", type=int, nargs="+", default=[12], help="samples a question")
+    parser.add_argument(
+        "--budgets", type=int, nargs="+", default=[12, 24], help="samples a question"
+    )
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="qwen2.5-7b-h100")
-    parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--time-scale", type=float, default=0.2)
     parser.add_argument("--capacity", type=int, default=256)
     args = parser.parse_args(argv)
     for set_name in filter(None, args.sets.split(",")):

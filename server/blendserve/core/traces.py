@@ -7,7 +7,8 @@ grammar of :mod:`blendserve.core.options`: ``vote[:key=value,...]``
 - ``weighted``: a vote counts by how its trace's measure ranks among the traffic's.
 - ``filter``: DeepConf's filter: while a question is sampled, a vote whose measure ranks
   in the least confident ``1 - keep`` of the traffic's all but stops counting; its
-  answer is the one most of its own most confident ``keep`` share gave.
+  answer is the one most of its own most confident ``keep`` share gave (a larger share
+  as the signal is weaker).
 
 and its options: ``measure`` (``tail``, ``mean``, ``lowest_group``, ``length`` or
 ``auto``), ``keep`` (the filter's share), ``cut`` (a trace whose window confidence falls
@@ -18,7 +19,7 @@ bets that shorter samples are right more often, so it acts only once ``length`` 
 shown that it is so).
 
 A :class:`TraceLearner` is what one client's traffic taught: each answered question
-hands it its voting samples, labelled by whether they agreed with the question's answer
+hands it its voting samples, labelled by whether they gave the answer most of them gave
 (no answer key is needed). From them it measures, for each measure, whether samples
 that agree score higher than those that do not *within a question* (a one-sided rank
 test). A measure that has not shown that, at a strict level, weighs nothing and cuts
@@ -277,7 +278,8 @@ class TraceLearner:
 
         ``weighted``: ``1 - strength * max(0, 1 - 2 * rank)``: the more confident half of
         the traffic counts whole, the least confident trace ``1 - strength``.
-        ``filter``: the least confident ``1 - keep`` all but stop counting.
+        ``filter``: the least confident ``1 - keep`` all but stop counting (fewer where the
+        signal is weaker, :meth:`kept_share`).
         """
         if rule.vote == "count":
             return 1.0
@@ -288,8 +290,15 @@ class TraceLearner:
             return 1.0
         rank = self.rank(measure, value)
         if rule.vote == "filter":
-            return FLOOR if rank < 1.0 - rule.keep else 1.0
+            return FLOOR if rank < 1.0 - self.kept_share(rule, strength) else 1.0
         return max(FLOOR, 1.0 - strength * max(0.0, 1.0 - 2.0 * rank))
+
+    @staticmethod
+    def kept_share(rule: TraceRule, strength: float) -> float:
+        """The share of votes a filter keeps at a measure's ``strength``: ``keep`` at full
+        strength, more as the signal is weaker (all at none), so that a weak signal never
+        leaves a question's answer to a few of its votes."""
+        return 1.0 - strength * (1.0 - rule.keep)
 
     def bar(self, rule: TraceRule) -> float | None:
         """The window confidence below which a trace of ``rule`` is cut mid-stream: the
@@ -307,13 +316,14 @@ class TraceLearner:
         self, rule: TraceRule, voters: Sequence[tuple[Hashable, int, Confidence | None]]
     ) -> Hashable | None:
         """With ``filter``, once its measure has shown a signal: DeepConf's filter within
-        one question, the answer most of the ``keep`` share of its ``voters`` (key, tokens,
-        confidence) that score highest gave (a tie: the one the surest of them gave).
-        None: the weighted vote stands."""
+        one question, the answer most of the share of its ``voters`` (key, tokens,
+        confidence) that score highest gave (:meth:`kept_share`; a tie: the one the surest
+        of them gave). None: the weighted vote stands."""
         if rule.vote != "filter" or not voters:
             return None
         measure = self.chosen(rule, any(c is not None for _, _, c in voters))
-        if self.strength(measure) <= 0.0:
+        strength = self.strength(measure)
+        if strength <= 0.0:
             return None
         scored = [
             (value, key)
@@ -323,7 +333,8 @@ class TraceLearner:
         if not scored:
             return None
         scored.sort(key=lambda pair: -pair[0])  # stable: equal scores in the order voted
-        kept = [key for _, key in scored[: max(1, math.ceil(rule.keep * len(scored)))]]
+        share = self.kept_share(rule, strength)
+        kept = [key for _, key in scored[: max(1, math.ceil(share * len(scored)))]]
         counts = Counter(kept)
         most = max(counts.values())
         return next(key for key in kept if counts[key] == most)

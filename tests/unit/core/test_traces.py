@@ -159,3 +159,10 @@ def test_a_filter_answers_with_its_most_confident_share_once_trusted() -> None:
     # A tie among those kept goes to the answer of the surest.
     tie = [("a", 300, Confidence(12.0, 11.0, 12.0)), ("b", 300, Confidence(13.0, 12.0, 13.0))]
     assert _learner(separation=1.0).kept_answer(TraceRule("filter", "tail", keep=1.0), tie) == "b"
+
+
+def test_a_weaker_signal_filters_fewer_votes() -> None:
+    rule = TraceRule("filter", keep=0.1)
+    assert TraceLearner.kept_share(rule, 1.0) == pytest.approx(0.1)
+    assert TraceLearner.kept_share(rule, 0.5) == pytest.approx(0.55)
+    assert TraceLearner.kept_share(rule, 0.0) == pytest.approx(1.0)
