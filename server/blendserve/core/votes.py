@@ -52,6 +52,8 @@ class VoteState:
             return
         if not 0 <= weight <= 1:
             raise ValueError(f"a vote's weight must be in [0, 1], got {weight}")
+        if weight == 1:
+            weight = 1  # a whole vote: counts stay whole numbers where nothing weighs less
         votes = self.counts[q]
         seen = key in votes
         count = votes.get(key, 0) + weight

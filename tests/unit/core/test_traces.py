@@ -166,3 +166,10 @@ def test_a_weaker_signal_filters_fewer_votes() -> None:
     assert TraceLearner.kept_share(rule, 1.0) == pytest.approx(0.1)
     assert TraceLearner.kept_share(rule, 0.5) == pytest.approx(0.55)
     assert TraceLearner.kept_share(rule, 0.0) == pytest.approx(1.0)
+
+
+def test_a_whole_weight_keeps_counts_whole() -> None:
+    votes = VoteState(1)
+    votes.add(0, "x", 1.0)
+    votes.add(0, "x", 1.0)
+    assert votes.counts[0] == {"x": 2} and isinstance(votes.counts[0]["x"], int)
