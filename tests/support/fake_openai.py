@@ -477,6 +477,32 @@ def _usage(state: FakeState, n: int, body: dict[str, Any] | None = None) -> dict
     return usage
 
 
+class _Stream(StreamingResponse):
+    """A streamed answer that counts, once it is over, whether its client left first.
+
+    Counted here rather than in the chunks' generator: a client that stops reading fills
+    the socket's buffer, so its leaving cancels the server while it waits to send, outside
+    the generator, which then learns of it only when it is collected.
+    """
+
+    def __init__(self, state: FakeState, chunks: AsyncIterator[str]) -> None:
+        self.state = state
+        self.ended = False
+        super().__init__(self._until_the_end(chunks), media_type="text/event-stream")
+
+    async def _until_the_end(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for chunk in chunks:
+            yield chunk
+        self.ended = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
+            self.state.disconnects += not self.ended
+
+
 async def _chunks(
     state: FakeState,
     texts: list[Written],
@@ -492,36 +518,30 @@ async def _chunks(
         return _event(data, multiline)
 
     k = asked_logprobs(body)
-    try:
-        async for endless in _endless(state, texts[0], chat, k, event):
-            yield endless
-        for i, written in enumerate(texts):
-            for piece in _pieces(written, chat, state, k):
-                yield event({"choices": [{"index": i, **piece}]})
-                if hostile and state.stream_error:
-                    yield event(ERROR_CHUNK)
-                    yield "data: [DONE]\n\n"
-                    return
-                if hostile and state.bad_chunk is not None:
-                    yield event(state.bad_chunk)
-                if stall:
-                    await asyncio.sleep(_HANG_S)  # until the client leaves
-        ends = [
-            {"index": i, "finish_reason": w.finish_reason, "delta": {}}
-            if chat
-            else {"index": i, "finish_reason": w.finish_reason, "text": ""}
-            for i, w in enumerate(texts)
-        ]
-        yield event({"choices": ends})
-        if state.stream_usage:
-            yield event({"choices": [], "usage": _usage(state, len(texts), body)})
-        yield "data: [DONE]\n\n"
-        state.samples_served += len(texts)
-    except asyncio.CancelledError:
-        state.disconnects += 1
-        raise
-    finally:
-        state.in_flight -= 1
+    async for endless in _endless(state, texts[0], chat, k, event):
+        yield endless
+    for i, written in enumerate(texts):
+        for piece in _pieces(written, chat, state, k):
+            yield event({"choices": [{"index": i, **piece}]})
+            if hostile and state.stream_error:
+                yield event(ERROR_CHUNK)
+                yield "data: [DONE]\n\n"
+                return
+            if hostile and state.bad_chunk is not None:
+                yield event(state.bad_chunk)
+            if stall:
+                await asyncio.sleep(_HANG_S)  # until the client leaves
+    ends = [
+        {"index": i, "finish_reason": w.finish_reason, "delta": {}}
+        if chat
+        else {"index": i, "finish_reason": w.finish_reason, "text": ""}
+        for i, w in enumerate(texts)
+    ]
+    yield event({"choices": ends})
+    if state.stream_usage:
+        yield event({"choices": [], "usage": _usage(state, len(texts), body)})
+    yield "data: [DONE]\n\n"
+    state.samples_served += len(texts)
 
 
 async def _endless(
@@ -601,7 +621,7 @@ async def _complete(
             texts = [state.write(chat) for _ in range(n)]
             chunks = _chunks(state, texts, chat, stall=fault == "timeout", body=body)
             state.in_flight += 1  # until the stream ends
-            return StreamingResponse(chunks, media_type="text/event-stream")
+            return _Stream(state, chunks)
         payload = completion_body(state, n, chat, body)
         state.samples_served += n
         return Response(json.dumps(payload), media_type="application/json")
