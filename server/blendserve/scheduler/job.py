@@ -343,8 +343,8 @@ class Job:
         deadline = failures.deadline()
         if deadline is not None:
             waits.append(max(0.0, deadline - now()))
-        if self._straggler_at is not None and self._straggler_at > now():
-            waits.append(self._straggler_at - now())
+        if self._straggler_at is not None:  # it may have passed while answers were yielded
+            waits.append(max(0.0, self._straggler_at - now()))
         try:
             async with asyncio.timeout(min(waits) if waits else None):
                 return await drain(self._arrivals)
