@@ -478,8 +478,11 @@ class Job:
         for request in self._in_flight.values():
             if not request.left:
                 continue
-            if now - request.sent <= after:
-                next_at = min(next_at, request.sent + after)
+            # The moment as the wait for it is timed, so that once the clock reaches it
+            # the sample is a straggler (a difference of times could round below ``after``).
+            due = request.sent + after
+            if due > now:
+                next_at = min(next_at, due)
                 continue
             q, n = request.question, request.left
             # Held by the policy, still its question's: it may come and vote.
