@@ -4,6 +4,7 @@ Slow by nature (a 0.5B model on the CPU): one server for the module, few short s
 """
 
 import asyncio
+import itertools
 import os
 import signal
 import socket
@@ -95,6 +96,33 @@ def test_n_is_split_into_distinct_seeded_requests(server: EmbeddedLlamaServer) -
     texts = on_cpu(scenario())
     assert len(texts) == 4
     assert len(set(texts)) >= 2  # llama.cpp ignores n: distinct seeds give distinct samples
+
+
+def test_the_server_runs_one_completion_at_a_time(server: EmbeddedLlamaServer) -> None:
+    """What the server's one slot (the capacity ``/health`` shows) rests on: two streamed
+    requests sent together come one after the other, their chunks never interleaved."""
+
+    async def scenario() -> list[int]:
+        arrivals: list[int] = []
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def ask(i: int) -> None:
+                body = {"model": MODEL, "max_tokens": 12, "temperature": 0, "stream": True,
+                        "messages": [{"role": "user", "content": QUESTIONS[i][0]}]}  # fmt: skip
+                url = f"{server.base_url}/chat/completions"
+                async with client.stream("POST", url, json=body) as reply:
+                    async for line in reply.aiter_lines():
+                        if line.startswith("data: {"):
+                            arrivals.append(i)
+
+            await asyncio.gather(ask(0), ask(1))
+        return arrivals
+
+    arrivals = on_cpu(scenario())
+    assert server.slots == 1
+    assert arrivals.count(0) >= 3 and arrivals.count(1) >= 3, arrivals
+    switches = sum(a != b for a, b in itertools.pairwise(arrivals))
+    assert switches == 1, arrivals
 
 
 def test_streamed_samples_count_the_prompt_like_unstreamed_ones(
@@ -345,6 +373,8 @@ def test_a_killed_llama_server_is_said_dead_and_comes_back() -> None:
             lambda: httpx.get(f"{live.url}/health", timeout=5).status_code == 200, 120, "a restart"
         )
         assert server.launches == first + 1
+        health = httpx.get(f"{live.url}/health", timeout=5).json()
+        assert health["capacity"] == server.slots == 1  # one completion at a time
         result = httpx.post(f"{live.url}/solve", json=body, timeout=120).json()
         assert result["status"] == "completed" and result["budget"]["spent"] == 1
     assert not server.running

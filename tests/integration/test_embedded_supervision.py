@@ -21,6 +21,7 @@ from blendserve.engines.embedded import EmbeddedEngine, run_embedded
 from blendserve.engines.llama_server import EmbeddedLlamaServer, ServerExit
 from blendserve.errors import EngineUnavailable
 from blendserve.service import Settings, create_app
+from blendserve.stats import Stats
 
 from tests.support.live import KEYS, LiveServer
 from tests.support.running import run_coroutine
@@ -121,6 +122,29 @@ def test_a_killed_server_is_seen_failed_fast_and_restarted(
     assert server.launches >= 3  # the first, a failed restart or more, the one that came back
     assert "restarting the embedded llama.cpp server" in caplog.text
     assert "is back on port" in caplog.text
+
+
+def test_health_shows_the_servers_slots_and_the_profile_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``serve`` with no engine setting: the embedded default, built as ``serve`` builds it
+    (the stand-in started in place of llama.cpp), says what it knows in ``/health``."""
+    server = _server(Gate())
+
+    async def embedded(*, sink: Stats, **settings: object) -> EmbeddedEngine:
+        return await run_embedded(server, timeout=30, sink=sink)
+
+    monkeypatch.setattr("blendserve.engines.embedded.create_embedded_engine", embedded)
+    settings = Settings(engine_profile="qwen2.5-7b-h100", default_concurrency=2, group_wait_ms=0)
+    with LiveServer(create_app(settings, answer_keys=KEYS)) as live:
+        health = _health(live.url).json()
+        solved = httpx.post(f"{live.url}/solve", json=SOLVE, timeout=30).json()
+    assert health["engine"] == "embedded" and health["status"] == "ok"
+    assert health["capacity"] == server.slots == 1
+    assert health["cost"]["profile"] == "qwen2.5-7b-h100"
+    assert health["cost"]["step_ms"]["1"] > 0
+    assert solved["status"] == "completed" and solved["budget"]["spent"] == 2
+    assert not server.running
 
 
 def test_a_server_dying_by_sigill_fails_its_job_at_once_and_names_the_fix() -> None:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sample, UpstreamReply
+from blendserve.engines.base import (
+    Engine,
+    EngineHealth,
+    EngineLoad,
+    GenerateRequest,
+    Sample,
+    UpstreamReply,
+)
 from blendserve.engines.config import Timeouts
 from blendserve.engines.llama_server import EmbeddedLlamaServer
 from blendserve.engines.openai import OpenAIEngine
@@ -241,6 +248,16 @@ class EmbeddedEngine(Engine, PassThrough):
     async def tokenizer(self, path: str, body: Mapping[str, Any] | None) -> UpstreamReply | None:
         """Asks the local server (which has no vLLM tokenizer endpoints: a 404)."""
         return await self._guarded(lambda inner: inner.tokenizer(path, body))
+
+    def load(self) -> EngineLoad:
+        """The sequences this process has sent the local server, out of the server's
+        :attr:`~EmbeddedLlamaServer.slots` (``--engine-capacity`` instead, where set).
+
+        ``capacity`` stays what was configured: ``blendserve calibrate`` measures this
+        server at widths past its slots, as requests run one after another.
+        """
+        capacity = self.server.slots if self.capacity is None else self.capacity
+        return EngineLoad(capacity, self.sequences_in_flight)
 
     async def health(self) -> EngineHealth:
         """Healthy while the subprocess lives and the upstream is healthy; else why not."""

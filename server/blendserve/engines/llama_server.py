@@ -173,6 +173,10 @@ class EmbeddedLlamaServer:
             ``stable_s`` seconds before it died starts a new row.
         restart_backoff: seconds before the first restart of a row, doubled
             for each further one (to a minute at most).
+        slots: sequences the server runs at once. llama-cpp-python's server runs
+            one: every completion holds its one model behind a lock, so requests
+            sent together run one after another; a stand-in ``command`` may say
+            otherwise.
 
     Attributes:
         launches: servers started so far (the port changes with each).
@@ -192,7 +196,10 @@ class EmbeddedLlamaServer:
         max_restarts: int = 5,
         restart_backoff: float = 1.0,
         stable_s: float = 60.0,
+        slots: int = 1,
     ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
         self.model_path = model_path
         self.model_name = model_name
         self.n_ctx = n_ctx
@@ -202,6 +209,7 @@ class EmbeddedLlamaServer:
         self.max_restarts = max_restarts
         self.restart_backoff = restart_backoff
         self.stable_s = stable_s
+        self.slots = slots
         self.port = 0
         self.launches = 0
         self.exit: ServerExit | None = None

@@ -78,6 +78,26 @@ def test_the_embedded_engine_lists_its_model_by_name() -> None:
     assert asyncio.run(listed()) == ["qwen2.5-coder-0.5b"]
 
 
+def test_the_embedded_engine_runs_as_many_sequences_at_once_as_its_server_has_slots() -> None:
+    async def capacities() -> list[int | None]:
+        inner = OpenAIEngine(["http://127.0.0.1:9/v1"])  # never asked: the slots are known
+        try:
+            llama = EmbeddedEngine(EmbeddedLlamaServer(Path("model.gguf")), inner)
+            seen = [llama.load().capacity, llama.capacity]
+            llama.capacity = 6  # --engine-capacity says otherwise: it is what jobs plan by
+            seen.append(llama.load().capacity)
+            stand_in = EmbeddedEngine(EmbeddedLlamaServer(Path("model.gguf"), slots=4), inner)
+            return [*seen, stand_in.load().capacity]
+        finally:
+            await inner.aclose()
+
+    # llama-cpp-python's server runs one completion at a time; the engine's own capacity
+    # stays unset (calibrate measures this server past its one slot).
+    assert asyncio.run(capacities()) == [1, None, 6, 4]
+    with pytest.raises(ValueError, match="slots must be at least 1"):
+        EmbeddedLlamaServer(Path("model.gguf"), slots=0)
+
+
 @pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (3, 1), (8, 4)])
 def test_llama_cpp_leaves_half_the_cores_to_the_rest(
     monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
