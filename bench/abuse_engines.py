@@ -3,7 +3,7 @@
 Each starts the real command (``bench/abuse_server.py``) on loopback and
 reproduces a fix of the engines issue:
 
-* ``metrics``: a fake upstream (``tests/support/fake_openai.py``, no model)
+* ``metrics``: a fake upstream (:mod:`blendserve.testing.fake_openai`, no model)
   whose ``/metrics`` carries vLLM's running gauge in 100,000 label sets (3.7
   MiB, under the 4 MiB cap), behind ``--engine-capacity 32``, whose load is
   read every half second: 4-question ``/solve`` jobs each under 1 s and
@@ -30,10 +30,9 @@ from typing import Any
 
 import httpx
 from abuse_server import serve
-
-from tests.support.abuse import gauge
-from tests.support.accounting import settle_accounting
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.abuse import gauge
+from blendserve.testing.accounting import settle_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 __all__ = ["PHASES"]
 

@@ -1,7 +1,7 @@
 """The phases of ``bench/bench_abuse.py`` for upstream faults, each against a ``blendserve serve``.
 
 Each starts the real command (``bench/abuse_server.py``) on loopback over a
-fake upstream started in this process (``tests/support/fake_openai.py``: a
+fake upstream started in this process (:mod:`blendserve.testing.fake_openai`: a
 real HTTP server that runs no model, for fault injection) or over the replay
 engine, reproduces a fix of the hardening issue and measures it:
 
@@ -21,7 +21,7 @@ engine, reproduces a fix of the hardening issue and measures it:
 * ``accounting``: those faults and more (errors, dropped connections, clients
   that leave, the upstream killed mid-job) in turn against one server, each
   followed by: per upstream, dispatched = completed + failed + cancelled + in
-  flight (``tests/support/accounting.py``).
+  flight (:mod:`blendserve.testing.accounting`).
 
 The other phases check that accounting on their own server at their end too.
 """
@@ -45,10 +45,9 @@ import httpx
 from abuse_server import rss_kib, serve
 from blendserve.engines.config import Health
 from blendserve.scheduler.failures import backoff_s
-
-from tests.support.abuse import drop_jobs, gauge
-from tests.support.accounting import Accounting, settle_accounting
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.abuse import drop_jobs, gauge
+from blendserve.testing.accounting import Accounting, settle_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 __all__ = ["FAULT_PHASES"]
 

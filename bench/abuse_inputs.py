@@ -1,7 +1,7 @@
 """Phases of ``bench/bench_abuse.py`` for hostile input, against a ``blendserve serve``.
 
 It starts the real command (``bench/abuse_server.py``) on loopback over a fake
-upstream started in this process (``tests/support/fake_openai.py``: a real HTTP
+upstream started in this process (:mod:`blendserve.testing.fake_openai`: a real HTTP
 server that runs no model and records the bodies it receives), and measures:
 
 * ``extra``: a ``/solve`` of 100 questions whose ``sampling.extra`` holds 2 MiB,
@@ -25,8 +25,7 @@ from typing import Any
 
 import httpx
 from abuse_server import serve
-
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 __all__ = ["PHASES"]
 

@@ -37,8 +37,7 @@ from blendserve.engines.config import Limits
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
-
-from tests.support.abuse import (
+from blendserve.testing.abuse import (
     CHAT,
     FLOOD_RECORDS,
     Unlisted,
@@ -48,8 +47,8 @@ from tests.support.abuse import (
     plain_requests,
     series,
 )
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 
 __all__ = ["PHASES"]
 

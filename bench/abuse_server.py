@@ -3,8 +3,7 @@
 :func:`serve` starts the real command with the flags given (an upstream, the
 replay engine's data, timeouts), waits until ``/health`` answers and stops it
 at the end; :func:`usage` and :func:`rss_kib` read the process's descriptors
-and memory from ``/proc``. Importing it puts the checkout on ``sys.path``, for
-the benchmarks' fakes of ``tests/support``.
+and memory from ``/proc``.
 """
 
 from __future__ import annotations
@@ -21,11 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "server")]  # the fakes of tests/support; a checkout
-
-from tests.support.command import free_port  # noqa: E402
+from blendserve.testing.command import free_port
 
 __all__ = ["Served", "rss_kib", "serve", "usage"]
 

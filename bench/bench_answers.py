@@ -21,12 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from blendserve import answers
+
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    from blendserve import answers
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT / "server"))
-    from blendserve import answers
 
 
 def _load(path: Path) -> list[dict[str, object]]:

@@ -6,7 +6,7 @@ default job (``budget_per_question`` 8) of two counting questions through a
 blendserve in this process in front of it, at most ``--width`` samples in flight a
 job, answered greedily (every sample of a question the same line, about 30 tokens,
 so that lengths are known), then predicts both with the replay engine on the
-calibrated profile (``tests/support/cost_model.py``) and prints predicted against
+calibrated profile (:mod:`blendserve.testing.cost_model`) and prints predicted against
 measured, and their ratios. The vLLM lane runs the same comparison.
 
 Usage: python bench/bench_cost_model.py --upstream http://127.0.0.1:8001/v1
@@ -16,15 +16,11 @@ Usage: python bench/bench_cost_model.py --upstream http://127.0.0.1:8001/v1
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from blendserve.cli import main as blendserve
-
-from tests.support.cost_model import compare
+from blendserve.testing.cost_model import compare
 
 
 def main() -> int:

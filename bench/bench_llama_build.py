@@ -16,19 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-try:
-    from blendserve.engines.embedded import ensure_model
-    from blendserve.engines.llama_server import ggml_build
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT / "server"))
-    from blendserve.engines.embedded import ensure_model
-    from blendserve.engines.llama_server import ggml_build
+from blendserve.engines.embedded import ensure_model
+from blendserve.engines.llama_server import ggml_build
 
 PROMPT = "Write a short story about a lighthouse keeper who counts ships. " * 6
 SHOWN = ("GGML_NATIVE", "GGML_AVX2", "GGML_AVX512", "GGML_AVX_VNNI", "GGML_AMX_INT8")

@@ -30,7 +30,6 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,14 +37,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from blendserve.core.signals import MAX_TOP_LOGPROBS, ConfidenceSpec
 from blendserve.engines.base import Engine, GenerateRequest, SamplingParams
 from blendserve.engines.config import Timeouts
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The vLLM lane's venv and model (tests/support/vllm.py), and the name both engines serve.
+#: The vLLM lane's venv and model (.ci/vllm-lane), and the name both engines serve.
 VLLM_VENV = ROOT / ".venv-vllm"
 MODEL = "qwen2.5-coder-0.5b"
 #: vLLM's CPU KV cache, in GiB, unless set: the default wants most of the machine's memory.
@@ -140,9 +137,8 @@ async def embedded(args: argparse.Namespace) -> AsyncIterator[Engine]:
 async def vllm_upstream(args: argparse.Namespace) -> AsyncIterator[Engine]:
     """vLLM's OpenAI server from the vLLM venv, through the OpenAI engine."""
     from blendserve.engines.openai import OpenAIEngine
-
-    from tests.support.command import free_port  # the test tools: not in the vLLM venv
-    from tests.support.vllm import start
+    from blendserve.testing.command import free_port  # httpx: not in the vLLM venv
+    from blendserve.testing.vllm import start
 
     port = free_port()
     command = [
@@ -151,7 +147,7 @@ async def vllm_upstream(args: argparse.Namespace) -> AsyncIterator[Engine]:
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
     ]  # fmt: skip
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with start(command, log, f"http://127.0.0.1:{port}/health"):
+    with start(command, log, f"http://127.0.0.1:{port}/health", cwd=ROOT):
         engine = OpenAIEngine(
             [f"http://127.0.0.1:{port}/v1"],
             stream=_streamed(args, "vllm"),

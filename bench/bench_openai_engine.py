@@ -4,7 +4,7 @@ Usage: python bench/bench_openai_engine.py [--upstream process|mock] [--n 1,8]
            [--concurrency 256] [--seconds 5] [--replicas 1]
 
 ``process`` (the default, the honest number): the fake upstream of
-``tests/support/fake_openai.py`` runs in separate processes (uvicorn, zero
+:mod:`blendserve.testing.fake_openai` runs in separate processes (uvicorn, zero
 latency) and is reached over loopback HTTP; the samples the fakes report
 serving are checked against the samples the engine returned. ``mock``: an
 in-process ``httpx2.MockTransport`` answers without any network or server, so
@@ -39,14 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spawn_fake(*flags: str) -> tuple[subprocess.Popen[str], str]:
-    """The fake upstream of ``tests/support/fake_openai.py`` in a process of its own, with
-    ``flags``, once it answers: the process and its base URL."""
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    """The fake upstream of :mod:`blendserve.testing.fake_openai` in a process of its own,
+    with ``flags``, once it answers: the process and its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *flags],
-        cwd=ROOT,
-        env=env,
+        [sys.executable, "-m", "blendserve.testing.fake_openai", "--port", "0", *flags],
         stdout=subprocess.PIPE,
         text=True,
     )

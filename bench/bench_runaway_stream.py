@@ -3,7 +3,7 @@
 Usage: python bench/bench_runaway_stream.py [--mib 64] [--reps 3] [--shape tokens|events|line]
        [--max-tokens N]
 
-The fake upstream of ``tests/support/fake_openai.py`` runs in a separate
+The fake upstream of :mod:`blendserve.testing.fake_openai` runs in a separate
 process and streams an answer that never ends: ``tokens`` (the default) in
 events of a few characters each, as a model writes token by token (about
 75 bytes an event); ``events`` in events of 4 KiB; ``line`` in one line that

@@ -1,6 +1,6 @@
 """Stragglers on an engine of unknown capacity: when a job's answers come.
 
-Starts the fake OpenAI upstream (``tests/support/fake_openai.py``) whose every
+Starts the fake OpenAI upstream (:mod:`blendserve.testing.fake_openai`) whose every
 ``--slow-every``-th completion request takes ``--slow-latency`` more seconds,
 and the real ``blendserve serve --upstreams URL`` in front of it, then sends
 one streamed ``POST /solve`` of ``--questions`` unanimous questions and
@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fakes of tests/support
-
-from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 
 def solve(url: str, questions: int, budget: int) -> dict[str, float]:

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from blendserve.engines.step_cost import StepCost
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "server" / "blendserve" / "engines" / "step_costs.json"
-try:
-    from blendserve.engines.step_cost import StepCost
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(ROOT / "server"))
-    from blendserve.engines.step_cost import StepCost
 
 
 def main() -> None:

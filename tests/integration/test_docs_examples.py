@@ -65,11 +65,10 @@ from unittest import mock
 import httpx
 import pytest
 import yaml
+from blendserve.testing.command import serve_command
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ValidationError
-
-from tests.support.command import serve_command
 
 pytestmark = pytest.mark.slow
 

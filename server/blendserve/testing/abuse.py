@@ -1,4 +1,4 @@
-"""Hostile traffic shared by the abuse tests and ``bench/bench_abuse.py``.
+"""Hostile traffic shared by the abuse tests and ``python -m bench.load.abuse``.
 
 Dropped jobs (streams read one event in, non-streamed jobs whose clients give
 up), plain ``/v1`` requests after them, and a flood of requests each naming a
@@ -13,8 +13,9 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from blendserve.engines.replay import ReplayEngine
 from prometheus_client.parser import text_string_to_metric_families
+
+from blendserve.engines.replay import ReplayEngine
 
 __all__ = [
     "CHAT",

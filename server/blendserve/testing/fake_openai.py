@@ -12,7 +12,7 @@ a background thread (ephemeral port, readiness polled on ``/v1/models``); it
 can be killed mid-run and restarted on the same port. Run as a module for a
 separate process (benchmarks)::
 
-    python -m tests.support.fake_openai --port 0 [--latency S] [--ignore-n]
+    python -m blendserve.testing.fake_openai --port 0 [--latency S] [--ignore-n]
         [--endless [--endless-piece N] | --endless-line]
 
 which prints ``PORT <number>`` once bound and serves ``GET /fake/stats``.
@@ -556,8 +556,8 @@ async def _endless(
             yield "x" * 4096
             await asyncio.sleep(0)
     while state.endless:  # a hostile upstream: chunks for ever
-        piece = "x" * state.endless_piece
-        yield event({"choices": [{"index": 0, "delta": {"content": piece}}]})
+        chunk = "x" * state.endless_piece
+        yield event({"choices": [{"index": 0, "delta": {"content": chunk}}]})
         await asyncio.sleep(0)
     if state.fall_at is None or not k:
         return

@@ -9,11 +9,12 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
+
 from blendserve.answers import AnswerKeys
 from blendserve.engines.base import Engine
 from blendserve.service.connections import ConnectionTimeouts, timed_protocol
 from blendserve.service.state import ServiceState
-from fastapi import FastAPI
 
 #: One answer-keys state for the apps of :func:`serve_engine`: an app's own
 #: would start a sympy worker process for each test.

@@ -11,7 +11,7 @@ dispatched = completed + failed + cancelled. :func:`assert_accounting` polls
 for that with a deadline and fails with the numbers when it never comes (a
 sample dispatched that never ended, or one ended twice).
 
-Used by the fault tests and by ``bench/bench_abuse.py``.
+Used by the fault tests and by ``python -m bench.load.abuse``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import httpx
-from blendserve.service.metrics import UPSTREAM_OUTCOMES
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.stats import RecordingStats
+from blendserve.service.metrics import UPSTREAM_OUTCOMES
+from blendserve.testing.stats import RecordingStats
 
 __all__ = [
     "Accounting",

@@ -13,7 +13,7 @@ from typing import IO
 
 import httpx
 
-from tests.support.waiting import wait_until
+from blendserve.testing.waiting import wait_until
 
 
 def free_port() -> int:

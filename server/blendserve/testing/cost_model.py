@@ -9,7 +9,7 @@ one width); then the replay engine on the engine's calibrated profile (the
 SC@32 run's answers and mean length, ``width`` sequences at once) predicts
 both. In waves the default job runs narrower rounds, where a line fitted
 through the widths calibrated can miss (docs/engines.md). Used by
-``bench/bench_cost_model.py`` and the vLLM lane.
+``python -m bench.engines.cost_model`` and the vLLM lane.
 
 A shared host has slow spells. So each job is measured three times, taking
 turns, the fastest its measure; the default job's measure is
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from blendserve.engines.replay import LatencyModel, ReplayEngine
 from blendserve.engines.step_cost import load_step_cost
 from blendserve.service import Settings, create_app
-
-from tests.support.live import LiveServer, serve_engine
+from blendserve.testing.live import LiveServer, serve_engine
 
 __all__ = ["Comparison", "compare"]
 
