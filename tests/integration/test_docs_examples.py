@@ -27,9 +27,10 @@ split at ``&&`` and ``;``), and each command is dispatched by its first words
   ``python -m MODULE``. The last three run as the words the shell would pass,
   without a shell (no pipes or redirections);
 - parsed, not run: ``blendserve serve`` (the real CLI parser, then the
-  settings built as ``serve`` builds them; it would not return), ``python
-  bench/...`` and ``lm_eval`` (their own argparse parsers: they take minutes
-  to an hour and need data sets or downloads this repository does not have),
+  settings built as ``serve`` builds them; it would not return), the
+  benchmarks (``python -m bench.GROUP.NAME``, ``python bench/...``) and
+  ``lm_eval`` (their own argparse parsers: they take minutes to an hour and
+  need data sets or downloads this repository does not have),
   ``python -m pytest FLAGS`` (collects this file with those flags: running the
   suite from inside it would recurse);
 - checked against the repository: ``pip install`` (files, extras, declared
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -273,7 +275,7 @@ def parse_command(text: str) -> Command:
 
 
 #: How each command is checked, by its first words (``python3`` reads as ``python``; the
-#: longest prefix wins; a prefix ending in "/" matches a word starting with it).
+#: longest prefix wins; a prefix ending in "/" or "." matches a word starting with it).
 RULES: dict[tuple[str, ...], str] = {
     ("curl",): "http",
     ("printf",): "shell",
@@ -288,6 +290,7 @@ RULES: dict[tuple[str, ...], str] = {
     ("python", "-m", "pip", "install"): "pip",
     ("python", "-m", "venv"): "venv",
     ("python", "bench/"): "benchmark",
+    ("python", "-m", "bench."): "benchmark",
     ("pip", "install"): "pip",
     (".",): "activate",
     ("source",): "activate",
@@ -304,7 +307,7 @@ def _matches(prefix: tuple[str, ...], words: tuple[str, ...]) -> bool:
     if len(words) < len(prefix):
         return False
     return all(
-        word.startswith(part) if part.endswith("/") else word == part
+        word.startswith(part) if part.endswith(("/", ".")) else word == part
         for part, word in zip(prefix, words, strict=False)
     )
 
@@ -548,10 +551,20 @@ def check_record(command: Command, context: Context) -> None:
 
 
 def check_benchmark(command: Command, context: Context) -> None:
-    """``python bench/SCRIPT ARGS``: the script exists and its parser takes ARGS (not run)."""
-    script = command.words[1]
-    assert (ROOT / script).is_file(), f"`{command.text}`: no {script} in the repository"
-    dry_parse("path", script, command.words[2:], context, command.text)
+    """``python -m bench.MODULE ARGS`` or ``python bench/SCRIPT ARGS``: the module or script
+    exists and its parser takes ARGS (not run)."""
+    if command.words[1] != "-m":
+        script = command.words[1]
+        assert (ROOT / script).is_file(), f"`{command.text}`: no {script} in the repository"
+        dry_parse("path", script, command.words[2:], context, command.text)
+        return
+    module = command.words[2]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a package on its way is missing
+        found = False
+    assert found, f"`{command.text}`: no module {module}"
+    dry_parse("module", module, command.words[3:], context, command.text)
 
 
 def _option(words: tuple[str, ...], name: str) -> str:
@@ -817,7 +830,7 @@ def test_commands_are_dispatched_by_their_first_words() -> None:
         "python -m json.tool answers.jsonl": "run",
         "python -m pytest -n 2": "pytest",
         "python3 -m venv .venv": "venv",
-        "python bench/bench_load.py data.jsonl": "benchmark",
+        "python -m bench.load.load data.jsonl": "benchmark",
         "python -m pip install -e .": "pip",
         "docker compose --profile cpu up": "compose",
     }
@@ -880,8 +893,10 @@ def test_json_documents_of_bodies_ndjson_and_server_sent_events() -> None:
         ("kubectl apply -k deploy/no-such-dir", "no-such-dir/kustomization.yaml"),
         ("blendserve serve --no-such-flag 1", "unrecognized arguments"),
         ("blendserve serve --port 99999", "port"),
-        ("python bench/bench_selection.py --no-such-flag", "unrecognized arguments"),
+        ("python -m bench.overhead.selection --no-such-flag", "unrecognized arguments"),
         ("python bench/no_such_bench.py", "no bench/no_such_bench.py"),
+        ("python -m bench.overhead.no_such_bench", "no module bench.overhead.no_such_bench"),
+        ("python bench/recordings/report.py r.jsonl --no-such-flag", "unrecognized arguments"),
         ("lm_eval --model local-completions --no-such-flag", "unrecognized arguments"),
         ("lm_eval --model hf --model_args base_url=http://127.0.0.1:8000/v1/completions", "hf"),
         (
@@ -925,7 +940,9 @@ def test_an_unrecorded_question_fails_with_a_hint(context: Context) -> None:
 
 def test_rules_pass_what_exists(tmp_path: Path) -> None:
     script = (
-        "python bench/bench_selection.py --questions 200 --samples-per-question 64\n"
+        "python -m bench.overhead.selection --questions 200 --samples-per-question 64\n"
+        "python -m bench.load.abuse --phases dropped\n"
+        "python bench/recordings/report.py bench/recordings/data/qwen2.5-coder-0.5b.jsonl\n"
         "python3 -m venv .venv && . .venv/bin/activate && pip install -U -e '.[test]'\n"
         "pip install 'lm-eval[api]>=0.4.13' 'blendserve[vllm]'\n"
         "docker build -t blendserve-cpu --build-arg EXTRAS=embedded .\n"

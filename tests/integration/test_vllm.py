@@ -313,7 +313,7 @@ def test_the_calibrated_profile_predicts_a_jobs_wall_time_and_sc32s(
     On a shared 2-core host the engine's own speed moves by a third between the calibration
     and the jobs (predictions measured at 0.69-1.35x), so the lane checks the model's shape
     (a job's rounds, widths and prompts priced), not its accuracy: that is a benchmark's
-    (``bench/bench_cost_model.py``; docs/benchmarks.md, "Predicted against measured").
+    (``bench/engines/cost_model.py``; docs/benchmarks.md, "Predicted against measured").
 
     The counting prompts are shorter than a cache block, so every sample computes its
     prompt in its first step: on vLLM's CPU build about a decode step's cost a token,
