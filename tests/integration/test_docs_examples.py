@@ -28,9 +28,11 @@ split at ``&&`` and ``;``), and each command is dispatched by its first words
   without a shell (no pipes or redirections);
 - parsed, not run: ``blendserve serve`` (the real CLI parser, then the
   settings built as ``serve`` builds them; it would not return), the
-  benchmarks (``python -m bench.GROUP.NAME``, ``python bench/...``) and
-  ``lm_eval`` (their own argparse parsers: they take minutes to an hour and
-  need data sets or downloads this repository does not have),
+  benchmarks (``python -m bench.GROUP.NAME``, ``python bench/...``, and a
+  preset, ``python -m bench NAME``, as its ``--dry-run`` prints it; ``python -m
+  bench --list`` runs) and ``lm_eval`` (their own argparse parsers: they take
+  minutes to an hour and need data sets or downloads this repository does not
+  have),
   ``python -m pytest FLAGS`` (collects this file with those flags: running the
   suite from inside it would recurse);
 - checked against the repository: ``pip install`` (files, extras, declared
@@ -290,6 +292,7 @@ RULES: dict[tuple[str, ...], str] = {
     ("python", "-m", "pip", "install"): "pip",
     ("python", "-m", "venv"): "venv",
     ("python", "bench/"): "benchmark",
+    ("python", "-m", "bench"): "benchmark",
     ("python", "-m", "bench."): "benchmark",
     ("pip", "install"): "pip",
     (".",): "activate",
@@ -552,7 +555,21 @@ def check_record(command: Command, context: Context) -> None:
 
 def check_benchmark(command: Command, context: Context) -> None:
     """``python -m bench.MODULE ARGS`` or ``python bench/SCRIPT ARGS``: the module or script
-    exists and its parser takes ARGS (not run)."""
+    exists and its parser takes ARGS (not run). ``python -m bench NAME ARGS``: the preset
+    runner prints the command (``--dry-run``), whose module's parser takes its arguments;
+    ``python -m bench --list`` runs."""
+    if command.words[1:3] == ("-m", "bench"):
+        argv = [sys.executable, "-m", "bench"]
+        if "--list" in command.words[3:]:
+            run([*argv, *command.words[3:]], context, command.text, cwd=ROOT, env=command.env)
+            return
+        printed = run(
+            [*argv, "--dry-run", *command.words[3:]],
+            context, command.text, cwd=ROOT, env=command.env,
+        ).stdout  # fmt: skip
+        words = tuple(shlex.split(printed))
+        dry_parse("module", words[2], words[3:], context, command.text)
+        return
     if command.words[1] != "-m":
         script = command.words[1]
         assert (ROOT / script).is_file(), f"`{command.text}`: no {script} in the repository"
@@ -831,6 +848,7 @@ def test_commands_are_dispatched_by_their_first_words() -> None:
         "python -m pytest -n 2": "pytest",
         "python3 -m venv .venv": "venv",
         "python -m bench.load.load data.jsonl": "benchmark",
+        "python -m bench readme --reps 1": "benchmark",
         "python -m pip install -e .": "pip",
         "docker compose --profile cpu up": "compose",
     }
@@ -895,6 +913,9 @@ def test_json_documents_of_bodies_ndjson_and_server_sent_events() -> None:
         ("blendserve serve --port 99999", "port"),
         ("python -m bench.overhead.selection --no-such-flag", "unrecognized arguments"),
         ("python bench/no_such_bench.py", "no bench/no_such_bench.py"),
+        ("python -m bench no-such-preset", "no preset 'no-such-preset'"),
+        ("python -m bench readme-full", "needs the recorded sets"),
+        ("python -m bench readme --no-such-flag", "unrecognized arguments"),
         ("python -m bench.overhead.no_such_bench", "no module bench.overhead.no_such_bench"),
         ("python bench/recordings/report.py r.jsonl --no-such-flag", "unrecognized arguments"),
         ("lm_eval --model local-completions --no-such-flag", "unrecognized arguments"),
@@ -942,6 +963,9 @@ def test_rules_pass_what_exists(tmp_path: Path) -> None:
     script = (
         "python -m bench.overhead.selection --questions 200 --samples-per-question 64\n"
         "python -m bench.load.abuse --phases dropped\n"
+        "python -m bench --list\n"
+        "BLENDSERVE_BENCH_DATA=data python -m bench readme-full --reps 1\n"
+        "python -m bench --data data abuse --duration 5\n"
         "python bench/recordings/report.py bench/recordings/data/qwen2.5-coder-0.5b.jsonl\n"
         "python3 -m venv .venv && . .venv/bin/activate && pip install -U -e '.[test]'\n"
         "pip install 'lm-eval[api]>=0.4.13' 'blendserve[vllm]'\n"
