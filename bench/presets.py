@@ -74,7 +74,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "readme-full", "bench.wall_time.latency", (DATA, *_README_ARGS),
-        "the README's table on the recorded sets and two synthetic families", "recorded",
+        "the README's headline on the recorded sets and two synthetic families", "recorded",
     ),
     Preset(
         "paper-table", "bench.samples.paper_table",

@@ -1,4 +1,5 @@
-"""Every example of README.md and docs/*.md runs against a replay server, so none can drift.
+"""Every example of README.md, bench/README.md and docs/*.md runs against a replay server,
+so none can drift.
 
 The examples are the fenced blocks tagged ``bash`` or ``python`` of the pages,
 globbed at test time (a new page is covered). Blocks tagged ``text``,
@@ -187,8 +188,8 @@ def _shown(lines: list[str], block: Block, after: Block | None) -> str:
 
 
 def pages() -> list[Path]:
-    """README.md and every docs/*.md."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, bench/README.md and every docs/*.md."""
+    return [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def page_blocks(path: Path) -> list[Block]:

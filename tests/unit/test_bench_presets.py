@@ -27,6 +27,7 @@ from bench.presets import (
     MissingData,
     Preset,
     command,
+    table,
 )
 
 ROOT = Path(__file__).parents[2]
@@ -99,6 +100,10 @@ def test_presets_say_what_data_they_need() -> None:
     assert BY_NAME["readme-full"].args[1:] == BY_NAME["readme"].args[1:]
     with pytest.raises(MissingData, match=DATA_ENV):
         command(BY_NAME["readme-full"])
+
+
+def test_the_readme_shows_the_presets_table() -> None:
+    assert table() in (BENCH / "README.md").read_text("utf-8")
 
 
 def test_the_runner_lists_and_prints_commands(
