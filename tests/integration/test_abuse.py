@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-
-from tests.support.live import LiveServer, serve_engine
-from tests.support.waiting import wait_until
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

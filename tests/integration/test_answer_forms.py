@@ -18,9 +18,8 @@ import httpx
 import openai
 import pytest
 from blendserve.engines.replay import ReplayEngine
+from blendserve.testing.live import LiveServer, serve_engine
 from blendserve_client import Answer, AsyncClient, Client
-
-from tests.support.live import LiveServer, serve_engine
 
 #: How the samples write 144 (never as the key itself), and one wrong answer.
 FORMS = ["144.0", "\\boxed{144.0}", "144.00", "\\frac{288}{2}", "144.0", "144.00", "144.0"]

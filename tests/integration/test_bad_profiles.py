@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.support.command import free_port, serve_command
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.command import free_port, serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
 GOOD = [

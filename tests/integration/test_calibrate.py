@@ -20,8 +20,8 @@ from blendserve.engines.factory import EngineConfig
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.step_cost import load_step_cost
 from blendserve.errors import UpstreamRejected
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
-from tests.support.fake_openai import FakeServer, FakeState
 from tests.support.running import run_coroutine
 
 #: Seconds of a step, and more seconds for each sequence in it.

@@ -17,9 +17,8 @@ import httpx
 from blendserve.engines.base import Engine
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
-
-from tests.support.live import LiveServer, serve_engine
-from tests.support.waiting import wait_until
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
 SLOW, OTHER = "key-slow", "key-other"
 # Each slow answer is a distinct polynomial power: about a second of sympy (within what

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from blendserve.engines.replay import ReplayEngine
-
-from tests.support.live import serve_engine
+from blendserve.testing.live import serve_engine
 
 ROOT = Path(__file__).parents[2]
 #: What the service pulls and the client must not (tqdm: the service's progress bars).

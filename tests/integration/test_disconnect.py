@@ -1,7 +1,7 @@
 """A client that leaves cancels its job's upstream requests within a second.
 
 blendserve runs on uvicorn with the OpenAI engine in front of a slow fake
-upstream (``tests.support.fake_openai``, not a model) that counts the
+upstream (``blendserve.testing.fake_openai``, not a model) that counts the
 requests it is working on. The client is a plain TCP socket, so that the
 moment it leaves is exactly when the test closes it.
 """
@@ -15,11 +15,10 @@ import httpx
 import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
-
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer
-from tests.support.waiting import wait_until
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer
+from blendserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

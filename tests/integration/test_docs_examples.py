@@ -1,4 +1,5 @@
-"""Every example of README.md and docs/*.md runs against a replay server, so none can drift.
+"""Every example of README.md, bench/README.md and docs/*.md runs against a replay server,
+so none can drift.
 
 The examples are the fenced blocks tagged ``bash`` or ``python`` of the pages,
 globbed at test time (a new page is covered). Blocks tagged ``text``,
@@ -27,9 +28,12 @@ split at ``&&`` and ``;``), and each command is dispatched by its first words
   ``python -m MODULE``. The last three run as the words the shell would pass,
   without a shell (no pipes or redirections);
 - parsed, not run: ``blendserve serve`` (the real CLI parser, then the
-  settings built as ``serve`` builds them; it would not return), ``python
-  bench/...`` and ``lm_eval`` (their own argparse parsers: they take minutes
-  to an hour and need data sets or downloads this repository does not have),
+  settings built as ``serve`` builds them; it would not return), the
+  benchmarks (``python -m bench.GROUP.NAME``, ``python bench/...``, and a
+  preset, ``python -m bench NAME``, as its ``--dry-run`` prints it; ``python -m
+  bench --list`` runs) and ``lm_eval`` (their own argparse parsers: they take
+  minutes to an hour and need data sets or downloads this repository does not
+  have),
   ``python -m pytest FLAGS`` (collects this file with those flags: running the
   suite from inside it would recurse);
 - checked against the repository: ``pip install`` (files, extras, declared
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -65,11 +70,10 @@ from unittest import mock
 import httpx
 import pytest
 import yaml
+from blendserve.testing.command import serve_command
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ValidationError
-
-from tests.support.command import serve_command
 
 pytestmark = pytest.mark.slow
 
@@ -184,8 +188,8 @@ def _shown(lines: list[str], block: Block, after: Block | None) -> str:
 
 
 def pages() -> list[Path]:
-    """README.md and every docs/*.md."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, bench/README.md and every docs/*.md."""
+    return [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def page_blocks(path: Path) -> list[Block]:
@@ -274,7 +278,7 @@ def parse_command(text: str) -> Command:
 
 
 #: How each command is checked, by its first words (``python3`` reads as ``python``; the
-#: longest prefix wins; a prefix ending in "/" matches a word starting with it).
+#: longest prefix wins; a prefix ending in "/" or "." matches a word starting with it).
 RULES: dict[tuple[str, ...], str] = {
     ("curl",): "http",
     ("printf",): "shell",
@@ -289,6 +293,8 @@ RULES: dict[tuple[str, ...], str] = {
     ("python", "-m", "pip", "install"): "pip",
     ("python", "-m", "venv"): "venv",
     ("python", "bench/"): "benchmark",
+    ("python", "-m", "bench"): "benchmark",
+    ("python", "-m", "bench."): "benchmark",
     ("pip", "install"): "pip",
     (".",): "activate",
     ("source",): "activate",
@@ -305,7 +311,7 @@ def _matches(prefix: tuple[str, ...], words: tuple[str, ...]) -> bool:
     if len(words) < len(prefix):
         return False
     return all(
-        word.startswith(part) if part.endswith("/") else word == part
+        word.startswith(part) if part.endswith(("/", ".")) else word == part
         for part, word in zip(prefix, words, strict=False)
     )
 
@@ -549,10 +555,34 @@ def check_record(command: Command, context: Context) -> None:
 
 
 def check_benchmark(command: Command, context: Context) -> None:
-    """``python bench/SCRIPT ARGS``: the script exists and its parser takes ARGS (not run)."""
-    script = command.words[1]
-    assert (ROOT / script).is_file(), f"`{command.text}`: no {script} in the repository"
-    dry_parse("path", script, command.words[2:], context, command.text)
+    """``python -m bench.MODULE ARGS`` or ``python bench/SCRIPT ARGS``: the module or script
+    exists and its parser takes ARGS (not run). ``python -m bench NAME ARGS``: the preset
+    runner prints the command (``--dry-run``), whose module's parser takes its arguments;
+    ``python -m bench --list`` runs."""
+    if command.words[1:3] == ("-m", "bench"):
+        argv = [sys.executable, "-m", "bench"]
+        if "--list" in command.words[3:]:
+            run([*argv, *command.words[3:]], context, command.text, cwd=ROOT, env=command.env)
+            return
+        printed = run(
+            [*argv, "--dry-run", *command.words[3:]],
+            context, command.text, cwd=ROOT, env=command.env,
+        ).stdout  # fmt: skip
+        words = tuple(shlex.split(printed))
+        dry_parse("module", words[2], words[3:], context, command.text)
+        return
+    if command.words[1] != "-m":
+        script = command.words[1]
+        assert (ROOT / script).is_file(), f"`{command.text}`: no {script} in the repository"
+        dry_parse("path", script, command.words[2:], context, command.text)
+        return
+    module = command.words[2]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a package on its way is missing
+        found = False
+    assert found, f"`{command.text}`: no module {module}"
+    dry_parse("module", module, command.words[3:], context, command.text)
 
 
 def _option(words: tuple[str, ...], name: str) -> str:
@@ -818,7 +848,8 @@ def test_commands_are_dispatched_by_their_first_words() -> None:
         "python -m json.tool answers.jsonl": "run",
         "python -m pytest -n 2": "pytest",
         "python3 -m venv .venv": "venv",
-        "python bench/bench_load.py data.jsonl": "benchmark",
+        "python -m bench.load.load data.jsonl": "benchmark",
+        "python -m bench readme --reps 1": "benchmark",
         "python -m pip install -e .": "pip",
         "docker compose --profile cpu up": "compose",
     }
@@ -881,8 +912,13 @@ def test_json_documents_of_bodies_ndjson_and_server_sent_events() -> None:
         ("kubectl apply -k deploy/no-such-dir", "no-such-dir/kustomization.yaml"),
         ("blendserve serve --no-such-flag 1", "unrecognized arguments"),
         ("blendserve serve --port 99999", "port"),
-        ("python bench/bench_selection.py --no-such-flag", "unrecognized arguments"),
+        ("python -m bench.overhead.selection --no-such-flag", "unrecognized arguments"),
         ("python bench/no_such_bench.py", "no bench/no_such_bench.py"),
+        ("python -m bench no-such-preset", "no preset 'no-such-preset'"),
+        ("python -m bench readme-full", "needs the recorded sets"),
+        ("python -m bench readme --no-such-flag", "unrecognized arguments"),
+        ("python -m bench.overhead.no_such_bench", "no module bench.overhead.no_such_bench"),
+        ("python bench/recordings/report.py r.jsonl --no-such-flag", "unrecognized arguments"),
         ("lm_eval --model local-completions --no-such-flag", "unrecognized arguments"),
         ("lm_eval --model hf --model_args base_url=http://127.0.0.1:8000/v1/completions", "hf"),
         (
@@ -926,7 +962,12 @@ def test_an_unrecorded_question_fails_with_a_hint(context: Context) -> None:
 
 def test_rules_pass_what_exists(tmp_path: Path) -> None:
     script = (
-        "python bench/bench_selection.py --questions 200 --samples-per-question 64\n"
+        "python -m bench.overhead.selection --questions 200 --samples-per-question 64\n"
+        "python -m bench.load.abuse --phases dropped\n"
+        "python -m bench --list\n"
+        "BLENDSERVE_BENCH_DATA=data python -m bench readme-full --reps 1\n"
+        "python -m bench --data data abuse --duration 5\n"
+        "python bench/recordings/report.py bench/recordings/data/qwen2.5-coder-0.5b.jsonl\n"
         "python3 -m venv .venv && . .venv/bin/activate && pip install -U -e '.[test]'\n"
         "pip install 'lm-eval[api]>=0.4.13' 'blendserve[vllm]'\n"
         "docker build -t blendserve-cpu --build-arg EXTRAS=embedded .\n"

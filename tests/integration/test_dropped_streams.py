@@ -1,7 +1,7 @@
 """Clients that drop their jobs mid-flight leave the upstream connection pool usable.
 
 The real service on loopback over the OpenAI engine, in front of a fake upstream
-(``tests/support/fake_openai.py``, a real HTTP server that runs no model) where half
+(:mod:`blendserve.testing.fake_openai`, a real HTTP server that runs no model) where half
 the requests answer at once and half after 3 s. Rounds of streamed ``/solve``
 jobs are dropped one event in (and non-streamed ones by client timeouts): each
 drop cancels the job's upstream requests in whatever state the pool holds them,
@@ -18,11 +18,10 @@ from collections.abc import Iterator
 import pytest
 from blendserve.engines.config import Limits
 from blendserve.engines.openai import OpenAIEngine
-
-from tests.support.abuse import drop_jobs, plain_requests
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import serve_engine
+from blendserve.testing.abuse import drop_jobs, plain_requests
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import serve_engine
 
 pytestmark = pytest.mark.slow
 

@@ -29,12 +29,12 @@ from blendserve.engines.embedded import (
 )
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
 from tests.integration.test_metrics import assert_samples_add_up, upstream_samples
 from tests.support.confidence import assert_read
-from tests.support.live import LiveServer, serve_engine
 from tests.support.running import run_coroutine
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 

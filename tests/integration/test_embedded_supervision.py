@@ -22,10 +22,10 @@ from blendserve.engines.llama_server import EmbeddedLlamaServer, ServerExit
 from blendserve.errors import EngineUnavailable
 from blendserve.service import Settings, create_app
 from blendserve.stats import Stats
+from blendserve.testing.live import KEYS, LiveServer
+from blendserve.testing.waiting import wait_until
 
-from tests.support.live import KEYS, LiveServer
 from tests.support.running import run_coroutine
-from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = {"messages": [{"role": "user", "content": "2+2?"}]}
@@ -34,7 +34,7 @@ SOLVE = {"questions": [QUESTION], "budget": 2, "answer": {"kind": "exact"}}
 
 def stand_in(*args: str) -> list[str]:
     """The fake upstream as a child program, with ``args``."""
-    return [sys.executable, "-m", "tests.support.fake_openai", *args]
+    return [sys.executable, "-m", "blendserve.testing.fake_openai", *args]
 
 
 class Gate:

@@ -6,10 +6,9 @@ from typing import Any
 
 import httpx
 import pytest
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer, FakeState
 
 
 def _health(url: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Upstream faults end to end: blendserve on uvicorn, the OpenAI engine, fake upstreams.
 
-The fake upstreams (``tests.support.fake_openai``, not models) inject seeded
+The fake upstreams (``blendserve.testing.fake_openai``, not models) inject seeded
 faults: 5xx answers, requests that hang until the caller leaves, dropped
 connections and slow answers. They count every sample they serve, so the
 tests can check that a job counts each served sample exactly once.
@@ -19,11 +19,10 @@ import pytest
 from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import metrics
-
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import serve_engine
-from tests.support.waiting import wait_until
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import serve_engine
+from blendserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

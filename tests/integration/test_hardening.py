@@ -16,12 +16,12 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai._replicas import BreakerState
 from blendserve.engines.replay import ReplayEngine
 from blendserve.errors import EngineUnavailable
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import serve_engine
+from blendserve.testing.stats import RecordingStats
 
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import serve_engine
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 
 def test_head_health_answers_as_get_does() -> None:

@@ -1,7 +1,7 @@
 """Engines under abuse: an upstream ``/metrics`` of many label sets, cancellations that
 race the replay engine's releases, and replay data too deep or too large to read.
 
-The real service on loopback: in this process (``tests/support/live.py``) where a test
+The real service on loopback: in this process (:mod:`blendserve.testing.live`) where a test
 looks inside, else the real ``blendserve serve`` command.
 """
 
@@ -20,11 +20,10 @@ import httpx
 import pytest
 from blendserve.engines.openai import _upstreams
 from blendserve.service import Settings, create_app
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer
 from blendserve.util import jsonl as _jsonl
-
-from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ request, stream types refused with ``q=0``, an overflowing chunk size and a
 
 A real uvicorn server on loopback (the service's own connection protocol), over the
 replay engine or the OpenAI engine in front of the fake upstream
-(``tests/support/fake_openai.py``, a real HTTP server that records what reaches it), and
+(:mod:`blendserve.testing.fake_openai`, a real HTTP server that records what reaches it), and
 the real ``blendserve solve`` command in a subprocess.
 """
 
@@ -24,10 +24,10 @@ import httpx
 import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 
 from tests.support.errors import error_body
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ admission, unbounded pass-through replies, seeds past 64 bits, and an upstream t
 for ``Retry-After: 2`` on every request.
 
 A real uvicorn server on loopback, over the replay engine or the OpenAI engine in front
-of the fake upstream (``tests/support/fake_openai.py``, a real HTTP server).
+of the fake upstream (:mod:`blendserve.testing.fake_openai`, a real HTTP server).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from blendserve.engines.config import RetryPolicy
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai.wire import once
 from blendserve.engines.replay import ReplayEngine
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
 from tests.support.errors import error_body
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

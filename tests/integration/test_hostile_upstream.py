@@ -1,7 +1,7 @@
 """Upstreams that hold, flood or throttle, upstream credentials, and pass-through limits.
 
 The real service on loopback over the OpenAI engine, in front of the fake upstream
-(``tests/support/fake_openai.py``, a real HTTP server that runs no model) set to
+(:mod:`blendserve.testing.fake_openai`, a real HTTP server that runs no model) set to
 misbehave.
 """
 
@@ -20,12 +20,11 @@ from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineProtocolError
 from blendserve.service import Settings, create_app
 from blendserve.service.limits import Admission
-
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
-from tests.support.stats import RecordingStats
-from tests.support.waiting import wait_until
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.stats import RecordingStats
+from blendserve.testing.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 any context, a malformed or failed stream; and streams framed as SSE allows.
 
 The real service on loopback over the OpenAI engine, in front of fake upstreams
-(``tests/support/fake_openai.py``, real HTTP servers that run no model): as
+(:mod:`blendserve.testing.fake_openai`, real HTTP servers that run no model): as
 ``blendserve serve`` builds it from its settings, or over an engine made here
 where a test needs a replica's breaker to stay open while it looks.
 """
@@ -17,10 +17,9 @@ import pytest
 from blendserve.engines.config import Health, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
-
-from tests.support.accounting import Accounting, assert_accounting
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import KEYS, LiveServer, serve_engine
+from blendserve.testing.accounting import Accounting, assert_accounting
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import KEYS, LiveServer, serve_engine
 
 pytestmark = pytest.mark.slow
 

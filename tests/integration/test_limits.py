@@ -21,12 +21,12 @@ import openai
 import pytest
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.testing.command import serve_command
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.command import serve_command
 from tests.support.errors import error_body
-from tests.support.live import LiveServer, serve_engine
-from tests.support.waiting import wait_until
 
 DATA = Path(__file__).parents[1] / "fixtures" / "replay_small.jsonl"
 REPLAY = ("--engine", "replay", "--data", str(DATA))  # blendserve serve's arguments

@@ -19,8 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.support.command import serve_command
+from blendserve.testing.command import serve_command
 
 pytestmark = [pytest.mark.lmeval, pytest.mark.slow]
 

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from blendserve.engines.engine_cost import MAX_CONTEXT, EngineCost
 from blendserve.engines.step_cost import SHIPPED
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import serve_engine
+from blendserve.testing.waiting import wait_until
 
-from tests.support.command import serve_command
 from tests.support.fake_engine import FakeEngine
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import serve_engine
-from tests.support.waiting import wait_until
 
 LABELS = '{model_name="fake-model"}'
 

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from blendserve.core import programme
 from blendserve.engines.replay import ReplayEngine
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
-from tests.support.live import LiveServer, serve_engine
 from tests.support.priors import no_built_programmes
-from tests.support.waiting import wait_until
 
 HEADER = "x-client-id"
 CLIENTS = 40

@@ -17,12 +17,11 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from blendserve.testing.abuse import FLOOD_MARK, FLOOD_RECORDS, Unlisted, flood, series
+from blendserve.testing.live import serve_engine
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.abuse import FLOOD_MARK, FLOOD_RECORDS, Unlisted, flood, series
-from tests.support.live import serve_engine
 
 pytestmark = pytest.mark.slow
 

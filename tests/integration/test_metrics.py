@@ -9,11 +9,10 @@ from blendserve.engines.openai import OpenAIEngine, normalise_base_url
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
 from blendserve.service.metrics import UPSTREAM_OUTCOMES
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
 
 RECORDS = [
     {"id": "a", "prompt": "A?", "answers": ["1"] * 9 + ["2"]},

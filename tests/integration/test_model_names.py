@@ -12,9 +12,8 @@ import openai
 import pytest
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
-
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 
 RECORDS = [{"id": "three", "prompt": "Three?", "answers": ["3", "3", "4"]}]
 MESSAGES: Any = [{"role": "user", "content": "Three?"}]

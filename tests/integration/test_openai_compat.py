@@ -15,10 +15,9 @@ import pytest
 from blendserve.answers import extract
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import LatencyModel, ReplayEngine
-
-from tests.support.fake_openai import FakeServer
-from tests.support.live import LiveServer, serve_engine
-from tests.support.waiting import wait_until
+from blendserve.testing.fake_openai import FakeServer
+from blendserve.testing.live import LiveServer, serve_engine
+from blendserve.testing.waiting import wait_until
 
 RECORDS = [
     {"id": "easy", "prompt": "What is 6 times 7?", "answers": ["42"] * 9 + ["41"]},

@@ -13,9 +13,8 @@ import pytest
 from blendserve.answers import extract
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.replay import ReplayEngine
-
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 
 TOKENS = [14582, 25, 220]
 RECORDS: list[dict[str, Any]] = [

@@ -21,12 +21,12 @@ from blendserve.engines.engine_cost import EngineCost
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.step_cost import SHIPPED
 from blendserve.service import Settings, create_app
+from blendserve.testing.command import PORT_TAKEN, free_port
+from blendserve.testing.fake_openai import FakeServer, FakeState
+from blendserve.testing.live import LiveServer
+from blendserve.testing.waiting import wait_until
 
-from tests.support.command import PORT_TAKEN, free_port
-from tests.support.fake_openai import FakeServer, FakeState
-from tests.support.live import LiveServer
 from tests.support.tools import require
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 

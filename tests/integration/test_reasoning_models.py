@@ -21,10 +21,9 @@ import httpx
 import openai
 import pytest
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.testing.fake_openai import CUT_TAIL, THOUGHT, THOUGHT_SHAPES, FakeServer, FakeState
+from blendserve.testing.live import LiveServer, serve_engine
 from blendserve_client import Client
-
-from tests.support.fake_openai import CUT_TAIL, THOUGHT, THOUGHT_SHAPES, FakeServer, FakeState
-from tests.support.live import LiveServer, serve_engine
 
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 #: Each sample's thought tokens, as the fake upstream counts them.

@@ -18,6 +18,7 @@ import schemathesis
 from blendserve.engines.base import GenerateRequest, Sample
 from blendserve.engines.replay import ReplayEngine
 from blendserve.service import Settings, create_app
+from blendserve.testing.live import LiveServer
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -26,8 +27,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from tests.support.live import LiveServer
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,8 @@ import httpx
 import openai
 import pytest
 from blendserve.engines.replay import ReplayEngine
-
-from tests.support.command import serve_command
-from tests.support.live import LiveServer, serve_engine
+from blendserve.testing.command import serve_command
+from blendserve.testing.live import LiveServer, serve_engine
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from blendserve.recordings.format import RecordedQuestion, RecordedSample, merge, parse_record
-
-from tests.support.command import serve_command
+from blendserve.testing.command import serve_command
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.support.command import serve_command
+from blendserve.testing.command import serve_command
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from blendserve.engines.replay import LatencyModel, ReplayEngine
+from blendserve.testing.live import LiveServer, serve_engine
 from blendserve_client import Answer, APIError, AsyncClient, Client, Progress, SolveResult
-
-from tests.support.live import LiveServer, serve_engine
 
 RECORDS = [
     {"id": "easy", "answers": ["42"] * 9 + ["41"]},

@@ -1,7 +1,7 @@
 """A job that cannot see its engine's capacity does not wait on stragglers it does not need.
 
 The real ``blendserve serve --upstreams URL`` (no ``--engine-capacity``) in front of
-the fake upstream (``tests/support/fake_openai.py``, a real HTTP server that runs no
+the fake upstream (:mod:`blendserve.testing.fake_openai`, a real HTTP server that runs no
 model), every fifth completion request of which takes far longer than the rest.
 """
 
@@ -10,9 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.support.command import serve_command
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.command import serve_command
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import httpx
+from blendserve.testing.live import serve_engine
 
-from tests.support.live import serve_engine
 from tests.unit.scheduler.test_traces import FakeTraceEngine, trained
 
 #: A confident right answer and an unconfident wrong one, as numbers /solve's answers read.

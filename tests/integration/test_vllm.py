@@ -28,28 +28,25 @@ from blendserve.engines import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.service import Settings, create_app
+from blendserve.testing.command import free_port
+from blendserve.testing.live import LiveServer
+from blendserve.testing.vllm import ENV, STARTUP_S, group_alive, start
+from blendserve.testing.waiting import wait_until
 
 from tests.integration.test_docs_examples import page_blocks, substitute
-from tests.support.command import free_port
 from tests.support.confidence import assert_read
-from tests.support.live import LiveServer
 from tests.support.running import run_coroutine
 from tests.support.vllm import (
-    ENV,
     MODEL,
     MODEL_DIR,
     ROOT,
-    STARTUP_S,
     Sizes,
     gauge,
-    group_alive,
     measure_speed,
     require_vllm,
-    start,
     vllm_metric,
     vllm_server,
 )
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -316,12 +313,12 @@ def test_the_calibrated_profile_predicts_a_jobs_wall_time_and_sc32s(
     On a shared 2-core host the engine's own speed moves by a third between the calibration
     and the jobs (predictions measured at 0.69-1.35x), so the lane checks the model's shape
     (a job's rounds, widths and prompts priced), not its accuracy: that is a benchmark's
-    (``bench/bench_cost_model.py``; docs/benchmarks.md, "Predicted against measured").
+    (``bench/engines/cost_model.py``; docs/benchmarks.md, "Predicted against measured").
 
     The counting prompts are shorter than a cache block, so every sample computes its
     prompt in its first step: on vLLM's CPU build about a decode step's cost a token,
     a quarter of these jobs' time, which the model prices."""
-    from tests.support.cost_model import compare
+    from blendserve.testing.cost_model import compare
 
     found = compare(upstream, calibrated, width=WIDTH, runs=sizes.cost_runs)
     print(found.describe())
@@ -348,7 +345,7 @@ def in_process(
     command = [str(python), "-m", "blendserve.cli", "serve", "--host", "127.0.0.1",
                "--port", str(port), "--engine", "vllm", "--vllm-model", str(MODEL_DIR),
                "--model", MODEL]  # fmt: skip
-    with start(command, log, f"{url}/health") as process:
+    with start(command, log, f"{url}/health", cwd=ROOT) as process:
         yield url, process
 
 

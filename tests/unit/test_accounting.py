@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.support import fake_openai
-from tests.support.accounting import assert_accounting, parse_accounting
-from tests.support.stats import RecordingStats
+from blendserve.testing import fake_openai
+from blendserve.testing.accounting import assert_accounting, parse_accounting
+from blendserve.testing.stats import RecordingStats
 
 UP, OTHER = "http://up:1/v1", "http://other:2/v1"
 

@@ -15,9 +15,9 @@ from blendserve.core.answers import (
     is_safe_for_sympy,
     search_regex,
 )
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 #: The probe's backtracking pattern and a text on which it runs past any deadline.
 BACKTRACKING = r"(?:[a-z ]|[a-z ][a-z ])+\.$"

@@ -8,8 +8,7 @@ import pytest
 from blendserve import answers
 from blendserve.answers import KeyOwner
 from blendserve.answers._keys import _Turns
-
-from tests.support.waiting import wait_until
+from blendserve.testing.waiting import wait_until
 
 
 @pytest.fixture(autouse=True)

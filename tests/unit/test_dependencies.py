@@ -2,13 +2,15 @@
 
 The service's ``dependencies`` are what ``server/blendserve`` imports (and what the
 client's ``blendserve solve`` uses without declaring it); the ``test`` extra adds what the
-tests and benchmarks import. Imports are read from the source (``import``, ``from``, and
+tests and benchmarks import, and their fakes and helpers in ``blendserve.testing``, which
+the service never imports. Imports are read from the source (``import``, ``from``, and
 ``importlib.import_module`` of a literal name) and mapped to the installed distributions.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterable
@@ -31,6 +33,8 @@ API_OF_A_DEPENDENCY = {
 }
 #: Modules that only exist in the vLLM lane's own venv (.ci/vllm-lane), not in the project's.
 VLLM_VENV = {"vllm", "torch"}
+#: The tests' and benchmarks' fakes and helpers, installed with the service but not its own.
+TESTING = "server/blendserve/testing"
 
 
 def _project(path: Path) -> dict[str, Any]:
@@ -60,13 +64,29 @@ def _imported_module(node: ast.AST) -> list[str]:
     return []
 
 
-def _imports(*folders: str) -> set[str]:
+def _sources(*folders: str, skip: str | None = None) -> list[Path]:
+    """The Python files under the folders, less those under ``skip``."""
+    return [
+        path
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if skip is None or not path.is_relative_to(ROOT / skip)
+    ]
+
+
+def _imported_names(*folders: str, skip: str | None = None) -> set[str]:
+    """Every absolute module name the folders' sources (less ``skip``'s) import."""
+    return {
+        name
+        for path in _sources(*folders, skip=skip)
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        for name in _imported_module(node)
+    }
+
+
+def _imports(*folders: str, skip: str | None = None) -> set[str]:
     """Top-level modules outside the standard library that the folders' sources import."""
-    found: set[str] = set()
-    for folder in folders:
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text("utf-8"))):
-                found.update(name.split(".")[0] for name in _imported_module(node))
+    found = {name.split(".")[0] for name in _imported_names(*folders, skip=skip)}
     local = {path.stem for folder in folders for path in (ROOT / folder).glob("*.py")}
     return {m for m in found if m not in sys.stdlib_module_names and m not in local}
 
@@ -83,7 +103,8 @@ def test_the_service_declares_what_it_imports_and_nothing_else() -> None:
     ours = {canonicalize_name(project["name"]), canonicalize_name(client["name"])}
     declared = _names(project["dependencies"])
     anywhere = declared.union(*(_names(r) for r in project["optional-dependencies"].values()))
-    imported = _distributions(_imports("server/blendserve") - set(API_OF_A_DEPENDENCY))
+    service = _imports("server/blendserve", skip=TESTING) - set(API_OF_A_DEPENDENCY)
+    imported = _distributions(service)
     undeclared = {m: d for m, d in imported.items() if not d & (anywhere | ours)}
     assert not undeclared, f"imported by the service, declared nowhere: {undeclared}"
     # The client's command runs from the service's distribution: what the client uses
@@ -103,7 +124,8 @@ def test_the_tests_and_benchmarks_declare_what_they_import() -> None:
         [*project["dependencies"], *extras["test"], *extras["embedded"]]
         + _project(ROOT / "client")["dependencies"]
     ) | {canonicalize_name(project["name"]), canonicalize_name("blendserve-client")}
-    modules = _imports("tests", "bench") - VLLM_VENV - set(API_OF_A_DEPENDENCY) - {"tests"}
+    modules = _imports("tests", "bench", TESTING) - VLLM_VENV - set(API_OF_A_DEPENDENCY)
+    modules -= {"tests", "bench"}
     imported = _distributions(modules)
     undeclared = {m: d for m, d in imported.items() if not d & declared}
     assert not undeclared, f"imported by tests or benchmarks, not in the test extra: {undeclared}"
@@ -132,3 +154,18 @@ def test_the_pinned_and_installed_versions_meet_the_declared_ranges() -> None:
         if name in pins:
             assert requirement.specifier.contains(pins[name]), (requirement, pins[name])
             assert requirement.specifier.contains(metadata.version(name)), requirement
+
+
+def test_the_service_never_imports_the_testing_package() -> None:
+    """``blendserve.testing`` needs the ``test`` extra: no module of the service imports it,
+    and importing the package, its command and its app leaves it unimported."""
+    imported = _imported_names("server/blendserve", skip=TESTING)
+    assert not {name for name in imported if name.startswith("blendserve.testing")}
+    probe = (
+        "import sys, blendserve, blendserve.cli, blendserve.service; "
+        "print(sorted(m for m in sys.modules if m.startswith('blendserve.testing')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

@@ -6,8 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from tests.support.fake_openai import FakeServer, FakeState
+from blendserve.testing.fake_openai import FakeServer, FakeState
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from blendserve.engines.config import Health, RetryPolicy
 from blendserve.engines.replay import FaultConfig, ReplayEngine
 from blendserve.errors import EngineProtocolError, EngineUnavailable
 from blendserve.stats import NO_STATS
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 from tests.unit.engines.test_openai_mock import CHAT, OTHER, URL, Upstream, engine
 
 T = TypeVar("T")

@@ -14,10 +14,9 @@ from blendserve.engines.config import Health, Limits, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine, _http_pool
 from blendserve.engines.openai._http_pool import HttpPool, _Connection
 from blendserve.errors import EngineUnavailable
-
-from tests.support.accounting import assert_accounting
-from tests.support.fake_openai import FakeServer
-from tests.support.stats import RecordingStats
+from blendserve.testing.accounting import assert_accounting
+from blendserve.testing.fake_openai import FakeServer
+from blendserve.testing.stats import RecordingStats
 
 BASE = "http://up.test/v1"
 ORIGIN = httpcore2.Origin(b"http", b"up.test", 80)

@@ -18,10 +18,10 @@ from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.engines.openai.wire import CutBar, ServerEvent, collect_events, parse_samples
 from blendserve.errors import EngineProtocolError
+from blendserve.testing.fake_openai import FakeServer, fallen_confidence
+from blendserve.testing.waiting import wait_until
 
-from tests.support.fake_openai import FakeServer, fallen_confidence
 from tests.support.running import run_coroutine
-from tests.support.waiting import wait_until
 
 Fakes = Callable[..., list[FakeServer]]
 K = 5

@@ -12,10 +12,10 @@ from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.config import Health, RetryPolicy, Timeouts
 from blendserve.engines.openai import OpenAIEngine
 from blendserve.errors import EngineTimeout
+from blendserve.testing.fake_openai import FakeServer
+from blendserve.testing.stats import RecordingStats
 
-from tests.support.fake_openai import FakeServer
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 Fakes = Callable[..., list[FakeServer]]

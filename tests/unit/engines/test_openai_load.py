@@ -18,11 +18,11 @@ from blendserve.engines.openai._upstreams import (
     parse_cost,
     parse_queue,
 )
+from blendserve.testing.fake_openai import FakeServer
+from blendserve.testing.waiting import wait_until
 from blendserve.util.cancel import cancel_all
 
-from tests.support.fake_openai import FakeServer
 from tests.support.running import run_coroutine
-from tests.support.waiting import wait_until
 
 A = "http://a.test:8000/v1"
 B = "http://b.test/vllm/v1"  # a server behind a path prefix: its metrics at /vllm/metrics

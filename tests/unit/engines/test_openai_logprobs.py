@@ -11,8 +11,8 @@ import pytest
 from blendserve.core.signals import ConfidenceSpec
 from blendserve.engines.base import GenerateRequest, Sample, SamplingParams
 from blendserve.engines.openai import OpenAIEngine
+from blendserve.testing.fake_openai import FakeServer
 
-from tests.support.fake_openai import FakeServer
 from tests.support.running import run_coroutine
 
 Fakes = Callable[..., list[FakeServer]]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from blendserve.engines.openai._replicas import BreakerState, Replica, ReplicaSet
-
-from tests.support.stats import RecordingStats
+from blendserve.testing.stats import RecordingStats
 
 URLS = ["http://a/v1", "http://b/v1", "http://c/v1"]
 

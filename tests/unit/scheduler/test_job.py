@@ -19,10 +19,10 @@ from blendserve.scheduler import (
     Question,
 )
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.fake_engine import FakeEngine, last_word
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 

@@ -14,10 +14,10 @@ from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sampl
 from blendserve.errors import EngineUnavailable
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
 from blendserve.scheduler.streams import deliver
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.fake_engine import FakeEngine, last_word
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 SAMPLE = Sample("so it is 7", "stop", 5, 4, "scripted")
 

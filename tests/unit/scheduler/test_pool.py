@@ -19,10 +19,10 @@ from blendserve.scheduler import AnswerEvent, Question
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.spec import Keyer
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.fake_engine import FakeEngine, SeedRecordingEngine
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 

@@ -11,10 +11,10 @@ from blendserve.engines.replay import ReplayEngine
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, JobStatus, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.stats import NO_STATS
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.fake_engine import FakeEngine, last_word
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 T = TypeVar("T")
 

@@ -14,15 +14,15 @@ from blendserve.engines.base import Sample
 from blendserve.engines.openai.wire import parse_samples
 from blendserve.scheduler.ballots import TRUNCATED_LIMIT, Ballots
 from blendserve.scheduler.spec import Keyer
-
-from tests.support.fake_engine import last_word
-from tests.support.fake_openai import (
+from blendserve.testing.fake_openai import (
     CUT_TAIL,
     THOUGHT,
     THOUGHT_SHAPES,
     FakeState,
     completion_body,
 )
+
+from tests.support.fake_engine import last_word
 from tests.support.running import run_coroutine
 
 #: One state for every keyer here (no worker process is needed for these answers).

@@ -13,10 +13,10 @@ from blendserve.engines.base import Engine, EngineHealth, GenerateRequest, Sampl
 from blendserve.scheduler import AnswerEvent, DoneEvent, Job, JobSpec, Question
 from blendserve.scheduler.pool import Pool, PoolSpec
 from blendserve.scheduler.traces import TraceLearners
+from blendserve.testing.stats import RecordingStats
 
 from tests.support.fake_engine import last_word
 from tests.support.running import run_coroutine
-from tests.support.stats import RecordingStats
 
 #: A confident right answer, and an unconfident wrong one (answer, tokens, mean confidence).
 SURE, UNSURE = ("a", 100, 0.9), ("b", 100, 0.1)

@@ -9,9 +9,8 @@ from blendserve.service.jobs import JobDefaults, JobMaker, JobOptions
 from blendserve.service.openai.online import OnlinePools
 from blendserve.service.openai.pool_labels import OTHER_MODEL, PoolLabels, pool_label
 from blendserve.service.prometheus import PrometheusStats
+from blendserve.testing.stats import RecordingStats
 from prometheus_client import REGISTRY
-
-from tests.support.stats import RecordingStats
 
 DATA = Path(__file__).parents[2] / "fixtures" / "replay_small.jsonl"
 

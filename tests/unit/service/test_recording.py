@@ -19,10 +19,10 @@ from blendserve.scheduler.ballots import SeenSample
 from blendserve.service import Settings, create_app
 from blendserve.service import app as app_module
 from blendserve.service.recording import RecordingWriter, recorded_question
+from blendserve.testing.live import KEYS
 from fastapi.testclient import TestClient
 
 from tests.support.fake_engine import FakeSignalEngine
-from tests.support.live import KEYS
 from tests.support.running import run_coroutine
 
 CONFIDENCE = Confidence(1.25, 0.5, 1.5, tokens=40, window=16, block=20, groups=(1.0, 1.5))
