@@ -70,57 +70,64 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "readme", "bench.wall_time.latency", (SHIPPED, *_README_ARGS),
         "the README's headline: the default against SC@32 through POST /solve, on the shipped "
-        "recording and two synthetic families", "shipped",
+        "recording and two synthetic families", "shipped", 6,
     ),
     Preset(
         "readme-full", "bench.wall_time.latency", (DATA, *_README_ARGS),
-        "the README's headline on the recorded sets and two synthetic families", "recorded",
+        "the README's headline on the recorded sets and two synthetic families", "recorded", 15,
     ),
     Preset(
         "paper-table", "bench.samples.paper_table",
         (DATA, "--reps", "20", "--synthetic", "d1,llm,flat,d2,many,ties,mixed"),
         "samples a question to match SC@x, every policy, recorded sets and synthetic "
-        "families (policies.md)", "recorded",
+        "families (policies.md)", "recorded", 60,
     ),
     Preset(
         "e2e-efficiency", "bench.samples.e2e_efficiency",
         (DATA, "--sizes", "64", "--concurrency", "64", "--reps", "8",
          "--synthetic", "flat,many,mixed"),
         "the default through the real scheduler against one sample at a time, jobs of 64",
-        "recorded",
+        "recorded", 30,
     ),
     Preset(
         "latency-idle", "bench.wall_time.latency",
-        (DATA, "--reps", "2", "--jobs", "2", "--capacity", "256", "1024",
-         "--profile", "qwen2.5-7b-h100", "--lengths", "cot"),
+        (DATA, "--synthetic", "flat,llm", "--reps", "2", "--jobs", "2", "--capacity", "256",
+         "1024", "--profile", "qwen2.5-7b-h100", "--lengths", "cot"),
         "one job of 64 on an idle engine (H100 profile): budget, tokens and seconds "
-        "against SC@32", "recorded",
+        "against SC@32", "recorded", 8,
     ),
     Preset(
         "latency-http", "bench.wall_time.latency",
         (DATA, "--synthetic", "llm,flat,d1", "--reps", "1", "--jobs", "1",
          "--capacity", "256", "1024", "--profile", "qwen2.5-7b-h100", "--http",
          "--wave-seconds", "1"),
-        "the same jobs through POST /solve on loopback, in real time", "recorded",
+        "the same jobs through POST /solve on loopback, in real time", "recorded", 15,
     ),
     Preset(
         "latency-load", "bench.wall_time.latency",
-        (DATA, "--load", "--reps", "1", "--capacity", "256", "1024",
-         "--profile", "qwen2.5-7b-h100", "--lengths", "cot"),
+        ("--load", "--reps", "4", "--capacity", "256", "--bar", "expected",
+         "--profile", "qwen2.5-7b-h100", "--lengths", "cot",
+         "--synthetic", "flat,d1,many,ties,llm"),
         "every job of a set at once on a full engine: questions a second against SC@32",
-        "recorded",
+        "shipped", 15,
+    ),
+    Preset(
+        "latency-load-http", "bench.wall_time.latency",
+        ("--http", "--load", "--reps", "1", "--capacity", "256", "--profile",
+         "qwen2.5-7b-h100", "--wave-seconds", "1.0", "--synthetic", "flat"),
+        "the same load through POST /solve on one server on loopback", "shipped", 10,
     ),
     Preset(
         "online", "bench.wall_time.online",
         (DATA, "--questions", "200", "--concurrency", "1", "--modes", "online,sc",
          "--synthetic", "llm,flat", "--profile", "qwen2.5-7b-h100", "--time-scale", "0.1"),
         "single /v1 requests through the OpenAI SDK: samples, tokens, p50/p99 against SC@32",
-        "recorded",
+        "recorded", 20,
     ),
     Preset(
         "stragglers", "bench.wall_time.stragglers", (),
         "when a job's answers come with stragglers, with and without --engine-capacity",
-        "shipped",
+        "shipped", 4,
     ),
     Preset(
         "traces", "bench.traces.simulate", ("--reps", "3"),
@@ -139,28 +146,28 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "logprobs", "bench.traces.logprobs", ("--max-tokens", "32", "--reps", "2"),
         "tokens a second with top logprobs asked or not: llama.cpp and vLLM (engines.md)",
-        "vllm",
+        "vllm", 5,
     ),
     Preset(
         "overhead-selection", "bench.overhead.selection", (),
-        "microseconds a Blend-ASC, ASC and SC decision", "shipped",
+        "microseconds a Blend-ASC, ASC and SC decision", "shipped", 1,
     ),
     Preset(
         "overhead-scheduler", "bench.overhead.scheduler",
         (f"{DATA}/esc_lastletters_gpt35.jsonl", "--questions", "500"),
-        "samples a second through POST /solve on a zero-latency engine", "recorded",
+        "samples a second through POST /solve on a zero-latency engine", "recorded", 1,
     ),
     Preset(
         "answers", "bench.overhead.answers", (),
-        "answer extraction and keys a sample, cold and cached", "shipped",
+        "answer extraction and keys a sample, cold and cached", "shipped", 1,
     ),
     Preset(
         "openai-engine", "bench.engines.openai_engine", (),
-        "samples a second one process pushes through the OpenAI engine", "shipped",
+        "samples a second one process pushes through the OpenAI engine", "shipped", 1,
     ),
     Preset(
         "cost-model", "bench.engines.cost_model", ("--upstream", VLLM_URL),
-        "the cost model's predicted against measured wall times on a real vLLM", "vllm",
+        "the cost model's predicted against measured wall times on a real vLLM", "vllm", 10,
     ),
     Preset(
         "vllm-waves", "bench.engines.vllm",
@@ -170,7 +177,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "llama-build", "bench.engines.llama_build", (),
-        "tokens a second of the installed llama.cpp build on the embedded model", "llama",
+        "tokens a second of the installed llama.cpp build on the embedded model", "llama", 2,
     ),
     Preset(
         "load", "bench.load.load",
@@ -180,11 +187,11 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "abuse", _ABUSE, (f"{DATA}/esc_lastletters_gpt35.jsonl",),
-        "all seventeen hostile phases: /health and fresh /solve beside each", "recorded",
+        "all seventeen hostile phases: /health and fresh /solve beside each", "recorded", 5,
     ),
     Preset(
         "abuse-inputs", _ABUSE, ("--phases", "dropped", "labels", "sympy", "tokenizer"),
-        "dropped clients, minted labels, shared sympy, tokenizer floods", "shipped",
+        "dropped clients, minted labels, shared sympy, tokenizer floods", "shipped", 2,
     ),
     Preset(
         "abuse-faults", _ABUSE, ("--phases", "breaker", "keys", "hung", "nested", "accounting"),

@@ -431,7 +431,8 @@ def http_rows(name: str, records: list[Record], size: int, args: argparse.Namesp
         print(
             f"| {name} | {size} | {capacity} | {sc.error:.4f}, {sc.tokens:.0f}, {sc.seconds:.1f} "
             f"| {b or TARGET} | {run.samples:.1f}, {run.tokens:.0f}, {run.error:.4f}, "
-            f"{run.seconds:.1f} |",
+            f"{run.seconds:.1f} | {run.tokens / sc.tokens:.2f}x "
+            f"| {run.seconds / sc.seconds:.2f}x |",
             flush=True,
         )
 
@@ -481,7 +482,7 @@ TABLES = {
     ),
     "http": (
         "| set | Q | C | SC@32: error, tokens/q, waves | budget/q | default: samples/q, "
-        "tokens/q, error, waves |",
+        "tokens/q, error, waves | tokens vs SC@32 | waves vs SC@32 |",
         http_rows,
     ),
 }
