@@ -480,15 +480,19 @@ def test_in_process_stream_hands_samples_over_as_they_end_aborts_the_rest_and_ca
 CONFIDENCE = ConfidenceSpec(top_logprobs=5, window=16, tail=16, block=5)
 CONFIDENCE_TOKENS = 32
 COUNTING = "Count from 1 to 100, separated by commas:"
+#: Two samples of it differ, so a choice read twice shows: counting can repeat itself exactly.
+OPEN_ENDED = "Write a short story about a lighthouse keeper."
 
 
-def _counting(chat: bool, n: int, max_tokens: int, **kwargs: Any) -> GenerateRequest:
+def _fixed_length(
+    chat: bool, n: int, max_tokens: int, prompt: str = COUNTING, **kwargs: Any
+) -> GenerateRequest:
     """``n`` samples of exactly ``max_tokens``, ``kwargs`` the request's other fields."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.8, extra={"ignore_eos": True})
     if chat:
-        messages = [{"role": "user", "content": COUNTING}]
+        messages = [{"role": "user", "content": prompt}]
         return GenerateRequest(messages=messages, n=n, params=params, **kwargs)
-    return GenerateRequest(prompt=COUNTING, n=n, params=params, **kwargs)
+    return GenerateRequest(prompt=prompt, n=n, params=params, **kwargs)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["unstreamed", "streamed"])
@@ -497,18 +501,19 @@ def test_each_sample_has_its_confidence_read_from_vllms_logprobs(
     upstream: str, chat: bool, streamed: bool
 ) -> None:
     """Through vLLM's OpenAI server, one request of ``n=2``: each sample's own logprobs."""
-    request = _counting(chat, n=2, max_tokens=CONFIDENCE_TOKENS, confidence=CONFIDENCE)
+    request = _fixed_length(chat, 2, CONFIDENCE_TOKENS, OPEN_ENDED, confidence=CONFIDENCE)
 
     async def scenario() -> tuple[list[Sample], list[Sample]]:
         engine = OpenAIEngine([upstream], stream=streamed, timeouts=Timeouts(call=300))
         async with engine:
-            return await engine.generate(request), await engine.generate(_counting(chat, 1, 4))
+            return await engine.generate(request), await engine.generate(_fixed_length(chat, 1, 4))
 
     read, (plain,) = run_coroutine(scenario(), timeout=600)
     assert len(read) == 2
     for sample in read:
         assert sample.completion_tokens == CONFIDENCE_TOKENS, sample
         assert_read(sample.confidence, sample.completion_tokens, CONFIDENCE)
+    assert read[0].text != read[1].text, read
     assert read[0].confidence != read[1].confidence  # not one choice's logprobs twice
     assert plain.completion_tokens == 4 and plain.confidence is None
 
@@ -524,7 +529,7 @@ from blendserve.engines.vllm_inprocess import VLLMEngine
 
 spec, tokens = ConfidenceSpec(**json.loads(sys.argv[3])), int(sys.argv[4])
 
-def counting(chat, n, max_tokens, **kwargs):
+def fixed_length(chat, n, max_tokens, **kwargs):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.8, extra={"ignore_eos": True})
     if chat:
         messages = [{"role": "user", "content": sys.argv[2]}]
@@ -532,15 +537,15 @@ def counting(chat, n, max_tokens, **kwargs):
     return GenerateRequest(prompt=sys.argv[2], n=n, params=params, **kwargs)
 
 def described(samples):
-    return [{"completion_tokens": s.completion_tokens, "finish_reason": s.finish_reason,
-             "stop_reason": s.stop_reason,
+    return [{"text": s.text, "completion_tokens": s.completion_tokens,
+             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason,
              "confidence": s.confidence and dataclasses.asdict(s.confidence)} for s in samples]
 
 async def main():
     engine = VLLMEngine({"model": sys.argv[1], "max_model_len": 2048})
-    together = await engine.generate(counting(True, 2, tokens, confidence=spec))
-    each = [s async for s in engine.stream(counting(False, 2, tokens, confidence=spec))]
-    plain = await engine.generate(counting(True, 1, 4))
+    together = await engine.generate(fixed_length(True, 2, tokens, confidence=spec))
+    each = [s async for s in engine.stream(fixed_length(False, 2, tokens, confidence=spec))]
+    plain = await engine.generate(fixed_length(True, 1, 4))
     stop = GenerateRequest(prompt="1, 2, 3, 4,", confidence=spec,
                            params=SamplingParams(max_tokens=16, temperature=0.0, stop=(" 6",)))
     stopped = await engine.generate(stop)
@@ -556,7 +561,7 @@ asyncio.run(main())
 def test_in_process_samples_have_their_confidence_and_stop_reason() -> None:
     python = require_vllm()
     done = subprocess.run(
-        [str(python), "-c", _CONFIDENCE_SCRIPT, str(MODEL_DIR), COUNTING,
+        [str(python), "-c", _CONFIDENCE_SCRIPT, str(MODEL_DIR), OPEN_ENDED,
          json.dumps(dataclasses.asdict(CONFIDENCE)), str(CONFIDENCE_TOKENS)],
         capture_output=True, text=True, timeout=STARTUP_S, env={**os.environ, **ENV}, cwd=ROOT,
     )  # fmt: skip
@@ -572,6 +577,7 @@ def test_in_process_samples_have_their_confidence_and_stop_reason() -> None:
                 **{**sample["confidence"], "groups": tuple(sample["confidence"]["groups"])}
             )
             assert_read(read, sample["completion_tokens"], CONFIDENCE)
+        assert samples[0]["text"] != samples[1]["text"], samples
         assert samples[0]["confidence"] != samples[1]["confidence"], samples
     (plain,) = result["plain"]
     assert plain["completion_tokens"] == 4 and plain["confidence"] is None, plain
@@ -593,7 +599,7 @@ def test_a_trace_below_the_bar_is_cut_mid_stream_and_leaves_vllm(upstream: str, 
     window, its response closed, and vLLM drops it: nothing runs, it is not among the
     requests vLLM finished (vLLM 0.32 counts a client's abort in no series), and it
     generated a sliver of its ``max_tokens``."""
-    request = _counting(chat, 1, CUT_MAX_TOKENS, confidence=CUT_SPEC, cut_below=1e9)
+    request = _fixed_length(chat, 1, CUT_MAX_TOKENS, confidence=CUT_SPEC, cut_below=1e9)
     series = ("vllm:generation_tokens_total", "vllm:request_success_total")
     before = {name: vllm_metric(upstream, name) for name in series}
 
