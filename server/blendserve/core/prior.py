@@ -9,6 +9,7 @@ and a stream's (:class:`~blendserve.core.programme.VotePrior`) alike (docs/decis
 from __future__ import annotations
 
 from collections import deque
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,7 +28,19 @@ _SHARE_PRIOR = (1.0, 1.0)
 
 def fit_shares(votes: NDArray[np.float64]) -> NDArray[np.float64]:
     """Grid weights of the leader's share among the top two, fitted by EM to
-    ``votes[i] = (n1, n2)``, the top-two votes of each question seen."""
+    ``votes[i] = (n1, n2)``, the top-two votes of each question seen (read-only: fits of
+    the same votes are one, memoised, as small batches often repeat them)."""
+    # Questions with the same votes share one row, weighed by how many they are.
+    rows, counts = np.unique(np.asarray(votes, np.float64), axis=0, return_counts=True)
+    return _fit(rows.tobytes(), counts.astype(np.int64).tobytes())
+
+
+@lru_cache(maxsize=256)
+def _fit(rows: bytes, counts: bytes) -> NDArray[np.float64]:
+    """:func:`fit_shares` of distinct ``(n1, n2)`` rows, each held by ``counts`` questions."""
+    votes = np.frombuffer(rows, np.float64).reshape(-1, 2)
+    held = np.frombuffer(counts, np.int64)
+    shares = held / held.sum()
     a, b = votes[:, :1], votes[:, 1:]
     log_x, log_y = np.log(SHARES)[None], np.log1p(-SHARES)[None]
     # Scaled per question (a common factor of both terms): the EM step is unchanged
@@ -39,8 +52,9 @@ def fit_shares(votes: NDArray[np.float64]) -> NDArray[np.float64]:
     for _ in range(_EM_ITERATIONS):
         joint = likelihood * weights
         joint /= joint.sum(axis=1, keepdims=True)
-        weights = joint.mean(axis=0) + _EM_FLOOR
+        weights = shares @ joint + _EM_FLOOR
         weights /= weights.sum()
+    weights.flags.writeable = False
     return weights
 
 

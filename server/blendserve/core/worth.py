@@ -52,7 +52,7 @@ class _Chances:
     values: NDArray[np.float64]  # each state's value, for states of fewer than _TABLED
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=16)
 def _chances(weights: tuple[float, ...]) -> _Chances:
     """The chances and values of a prior's states: one product over the grid."""
     votes = np.arange(_SPAN, dtype=np.float64)
@@ -93,23 +93,55 @@ def _expected_errors(
     return _expected_errors_far(weights, n1, n2, votes)
 
 
+@lru_cache(maxsize=32)
+def _powers(votes: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``x ** i`` and ``(1 - x) ** i`` over the grid, a row for each ``i < votes``."""
+    i = np.arange(votes, dtype=np.float64)[:, None]
+    return SHARES[None] ** i, (1.0 - SHARES)[None] ** i
+
+
+@lru_cache(maxsize=32)
+def _log_combinations(votes: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """``log C(j, i)`` at ``[j, i]`` (minus infinity past ``i = j``), and ``j - i`` (0 there)."""
+    j = np.arange(votes, dtype=np.float64)[:, None]
+    i = np.arange(votes, dtype=np.float64)[None, :]
+    log_comb = special.gammaln(j + 1.0) - special.gammaln(i + 1.0) - special.gammaln(j - i + 1.0)
+    return np.where(i <= j, log_comb, -np.inf), np.maximum(j - i, 0).astype(np.int64)
+
+
+def _log_sum_exp(x: NDArray[np.float64], axis: int) -> NDArray[np.float64]:
+    """``log(sum(exp(x)))`` along ``axis``: scipy's without its per-call dispatch, which
+    costs more than the sum at these sizes."""
+    top = np.max(x, axis=axis, keepdims=True)
+    top[~np.isfinite(top)] = 0.0
+    with np.errstate(divide="ignore"):
+        summed = np.log(np.sum(np.exp(x - top), axis=axis))
+    return np.asarray(summed + np.squeeze(top, axis=axis), np.float64)
+
+
+def _log_chances(log_w: NDArray[np.float64], n1: int, n2: int, votes: int) -> NDArray[np.float64]:
+    """``[i, j]``: the log of the chance of ``(n1 + i, n2 + j)`` with the first answer the
+    mode, for ``i, j < votes``: one matrix product, scaled at ``(n1, n2)``."""
+    xs, ys = _powers(votes)
+    base = log_w + n1 * _LOG_X + n2 * _LOG_Y
+    top = float(base.max())
+    with np.errstate(divide="ignore"):
+        return np.asarray(np.log((xs * np.exp(base - top)) @ ys.T) + top, np.float64)
+
+
 @lru_cache(maxsize=1 << 12)
 def _expected_errors_far(
     weights: tuple[float, ...], n1: int, n2: int, votes: int
 ) -> NDArray[np.float64]:
     """:func:`_expected_errors` past the table, in log space."""
     log_w = np.log(np.asarray(weights))
-    a = (n1 + np.arange(votes, dtype=np.float64))[:, None, None]
-    b = (n2 + np.arange(votes, dtype=np.float64))[None, :, None]
-    first = special.logsumexp(log_w + a * _LOG_X + b * _LOG_Y, axis=2)
-    second = special.logsumexp(log_w + b * _LOG_X + a * _LOG_Y, axis=2)
+    first = _log_chances(log_w, n1, n2, votes)
+    second = _log_chances(log_w, n2, n1, votes).T
     log_error = np.minimum(first, second)
-    j = np.arange(votes)[:, None]
-    i = np.arange(votes)[None, :]
-    valid = i <= j
-    log_comb = special.gammaln(j + 1.0) - special.gammaln(i + 1.0) - special.gammaln(j - i + 1.0)
-    terms = np.where(valid, log_comb + log_error[i, np.where(valid, j - i, 0)], -np.inf)
-    errors = np.exp(special.logsumexp(terms, axis=1) - np.logaddexp(first[0, 0], second[0, 0]))
+    log_comb, others = _log_combinations(votes)
+    # terms[j, i]: i of the j votes for the leader, the rest for the other answer.
+    terms = log_comb + log_error[np.arange(votes)[None, :], others]
+    errors = np.exp(_log_sum_exp(terms, axis=1) - np.logaddexp(first[0, 0], second[0, 0]))
     errors.flags.writeable = False
     return np.asarray(errors, np.float64)
 

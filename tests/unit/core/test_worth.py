@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from blendserve.core import worth
 from blendserve.core.prior import SHARES, fit_shares
 from blendserve.core.worth import LOOK_AHEAD, VoteWorth
 from scipy import stats
@@ -35,9 +36,20 @@ def _value(weights: np.ndarray, a: int, b: int) -> float:
 def test_the_value_is_the_look_ahead_of_the_posterior_error() -> None:
     value = VoteWorth()
     weights = np.asarray(value.weights)
-    # The first six are tabled at each fit, the last two computed one by one.
-    for a, b in [(1, 0), (2, 1), (3, 1), (4, 4), (7, 2), (12, 9), (130, 126), (140, 3)]:
+    # The first eight are tabled at each fit, the rest (past the table) computed one by one.
+    states = [(1, 0), (2, 1), (3, 1), (4, 4), (7, 2), (12, 9), (130, 126), (140, 3)]
+    for a, b in [*states, (184, 180), (200, 191), (450, 430), (300, 2), (5, 250)]:
         assert value.worth(a, b) == pytest.approx(_value(weights, a, b), rel=1e-9, abs=1e-15)
+
+
+def test_expected_errors_past_the_table_are_computed_as_within_it() -> None:
+    """Rows that run past the table are computed apart; where both apply they agree."""
+    value = VoteWorth()
+    value.fit(np.asarray([[5, 4], [6, 2], [9, 0], [3, 3]] * 20, dtype=np.float64))
+    for n1, n2, votes in [(0, 0, 9), (3, 2, 64), (40, 38, 128), (100, 3, 64), (120, 110, 64)]:
+        tabled = worth._expected_errors(value.weights, n1, n2, votes)
+        apart = worth._expected_errors_far(value.weights, n1, n2, votes)
+        np.testing.assert_allclose(apart, tabled, rtol=1e-9, atol=1e-300)
 
 
 def test_a_close_question_is_worth_more_than_a_clear_one() -> None:
@@ -75,6 +87,33 @@ def test_fit_shares_holds_questions_with_many_votes() -> None:
     weights = fit_shares(np.asarray([[2000, 1900], [3000, 0], [5, 5]], dtype=np.float64))
     assert np.all(np.isfinite(weights)) and weights.sum() == pytest.approx(1.0)
     assert weights[-1] > 0.3  # the unanimous question's share is near 1
+
+
+def _em(votes: np.ndarray) -> np.ndarray:
+    """The EM fit from scratch, one row a question."""
+    likelihood = np.stack(
+        [SHARES ** votes[:, :1] * (1 - SHARES) ** votes[:, 1:],
+         SHARES ** votes[:, 1:] * (1 - SHARES) ** votes[:, :1]]
+    ).sum(axis=0)  # fmt: skip
+    weights = np.full(len(SHARES), 1 / len(SHARES))
+    for _ in range(200):
+        joint = likelihood * weights
+        joint /= joint.sum(axis=1, keepdims=True)
+        weights = joint.mean(axis=0) + 1e-4
+        weights /= weights.sum()
+    return weights
+
+
+def test_fit_shares_counts_each_question_once_however_they_repeat() -> None:
+    rng = np.random.default_rng(3)
+    n1 = rng.integers(0, 9, size=300)
+    votes = np.column_stack((n1, rng.integers(0, 9, size=300) % (n1 + 1))).astype(np.float64)
+    weights = fit_shares(votes)
+    np.testing.assert_allclose(weights, _em(votes), rtol=1e-9, atol=1e-12)
+    # The same votes in another order are the same fit, shared and read-only.
+    again = fit_shares(votes[::-1].copy())
+    assert again is weights and not weights.flags.writeable
+    assert not np.allclose(fit_shares(votes[:150]), weights)
 
 
 def test_bad_refit_every_is_refused() -> None:
