@@ -52,7 +52,7 @@ class _Chances:
     values: NDArray[np.float64]  # each state's value, for states of fewer than _TABLED
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _chances(weights: tuple[float, ...]) -> _Chances:
     """The chances and values of a prior's states: one product over the grid."""
     votes = np.arange(_SPAN, dtype=np.float64)
