@@ -115,19 +115,19 @@ PRESETS: tuple[Preset, ...] = (
         "latency-load-http", "bench.wall_time.latency",
         ("--http", "--load", "--reps", "1", "--capacity", "256", "--profile",
          "qwen2.5-7b-h100", "--wave-seconds", "1.0", "--synthetic", "flat"),
-        "the same load through POST /solve on one server on loopback", "shipped", 10,
+        "the same load through POST /solve on one server on loopback", "shipped", 8,
     ),
     Preset(
         "online", "bench.wall_time.online",
         (DATA, "--questions", "200", "--concurrency", "1", "--modes", "online,sc",
          "--synthetic", "llm,flat", "--profile", "qwen2.5-7b-h100", "--time-scale", "0.1"),
         "single /v1 requests through the OpenAI SDK: samples, tokens, p50/p99 against SC@32",
-        "recorded", 20,
+        "recorded", 15,
     ),
     Preset(
         "stragglers", "bench.wall_time.stragglers", (),
         "when a job's answers come with stragglers, with and without --engine-capacity",
-        "shipped", 4,
+        "shipped", 1.5,
     ),
     Preset(
         "traces", "bench.traces.simulate", ("--reps", "3"),
@@ -182,12 +182,11 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "load", "bench.load.load",
         (f"{DATA}/esc_lastletters_gpt35.jsonl", "--clients", "200", "--duration", "60"),
-        "200 clients for two minutes: requests, errors, latency and leak checks", "recorded",
-        2.5,
+        "200 clients for two minutes: requests, errors, latency and leak checks", "recorded", 2,
     ),
     Preset(
         "abuse", _ABUSE, (f"{DATA}/esc_lastletters_gpt35.jsonl",),
-        "all seventeen hostile phases: /health and fresh /solve beside each", "recorded", 5,
+        "all seventeen hostile phases: /health and fresh /solve beside each", "recorded", 8,
     ),
     Preset(
         "abuse-inputs", _ABUSE, ("--phases", "dropped", "labels", "sympy", "tokenizer"),
