@@ -39,6 +39,9 @@ _ROUNDING = 1e-12
 _TIE = 1e-9
 # Rows of expected errors are computed this many votes long at least (and in multiples of it).
 _ROW_STEP = 16
+# A chance past the table under this is summed in log space: a product's terms that
+# underflowed are then at most 1e-28 of their sum.
+_SMALLEST = 1e-280
 
 
 @dataclass(frozen=True)
@@ -121,12 +124,17 @@ def _log_sum_exp(x: NDArray[np.float64], axis: int) -> NDArray[np.float64]:
 
 def _log_chances(log_w: NDArray[np.float64], n1: int, n2: int, votes: int) -> NDArray[np.float64]:
     """``[i, j]``: the log of the chance of ``(n1 + i, n2 + j)`` with the first answer the
-    mode, for ``i, j < votes``: one matrix product, scaled at ``(n1, n2)``."""
+    mode, for ``i, j < votes``: one matrix product, scaled at ``(n1, n2)``; summed in log
+    space instead where a chance is too small for the product's terms to keep their sum."""
     xs, ys = _powers(votes)
     base = log_w + n1 * _LOG_X + n2 * _LOG_Y
     top = float(base.max())
-    with np.errstate(divide="ignore"):
-        return np.asarray(np.log((xs * np.exp(base - top)) @ ys.T) + top, np.float64)
+    chances = (xs * np.exp(base - top)) @ ys.T
+    if chances.min() >= _SMALLEST:
+        return np.asarray(np.log(chances) + top, np.float64)
+    a = (n1 + np.arange(votes, dtype=np.float64))[:, None, None]
+    b = (n2 + np.arange(votes, dtype=np.float64))[None, :, None]
+    return np.asarray(special.logsumexp(log_w + a * _LOG_X + b * _LOG_Y, axis=2), np.float64)
 
 
 @lru_cache(maxsize=1 << 12)

@@ -3,7 +3,7 @@ import pytest
 from blendserve.core import worth
 from blendserve.core.prior import SHARES, fit_shares
 from blendserve.core.worth import LOOK_AHEAD, VoteWorth
-from scipy import stats
+from scipy import special, stats
 
 
 def _error(weights: np.ndarray, a: int, b: int) -> float:
@@ -50,6 +50,47 @@ def test_expected_errors_past_the_table_are_computed_as_within_it() -> None:
         tabled = worth._expected_errors(value.weights, n1, n2, votes)
         apart = worth._expected_errors_far(value.weights, n1, n2, votes)
         np.testing.assert_allclose(apart, tabled, rtol=1e-9, atol=1e-300)
+
+
+def _expected_errors_in_log_space(weights: np.ndarray, n1: int, n2: int, votes: int) -> np.ndarray:
+    """The expected errors after 0 to ``votes - 1`` more top-two votes, every sum in log space."""
+    log_w, log_x, log_y = np.log(weights), np.log(SHARES), np.log1p(-SHARES)
+    a = (n1 + np.arange(votes))[:, None, None]
+    b = (n2 + np.arange(votes))[None, :, None]
+    first = special.logsumexp(log_w + a * log_x + b * log_y, axis=2)
+    second = special.logsumexp(log_w + b * log_x + a * log_y, axis=2)
+    log_error = np.minimum(first, second)
+    errors = []
+    for j in range(votes):
+        i = np.arange(j + 1)
+        log_comb = special.gammaln(j + 1) - special.gammaln(i + 1) - special.gammaln(j - i + 1)
+        errors.append(special.logsumexp(log_comb + log_error[i, j - i]))
+    return np.exp(np.asarray(errors) - np.logaddexp(first[0, 0], second[0, 0]))
+
+
+@pytest.mark.parametrize(
+    "n1, n2, votes", [(200, 190, 9), (3000, 2, 64), (241, 63, 256), (27, 254, 256), (9, 1500, 16)]
+)
+def test_expected_errors_past_the_table_are_the_sums_in_log_space(
+    n1: int, n2: int, votes: int
+) -> None:
+    value = VoteWorth()
+    value.fit(np.asarray([[5, 4], [6, 2], [9, 0], [3, 3], [12, 0]] * 20, dtype=np.float64))
+    far = worth._expected_errors_far(value.weights, n1, n2, votes)
+    reference = _expected_errors_in_log_space(np.asarray(value.weights), n1, n2, votes)
+    np.testing.assert_allclose(far, reference, rtol=1e-9, atol=0)
+
+
+def test_chances_too_small_for_a_product_are_summed_in_log_space() -> None:
+    """A lopsided state's chances a few votes on underflow as products of their terms:
+    they stay finite, as sums taken wholly in log space give them."""
+    log_w = np.log(np.asarray(VoteWorth().weights))
+    chances = worth._log_chances(log_w, 100_000, 0, 64)
+    a = (100_000 + np.arange(64))[:, None, None]
+    b = np.arange(64)[None, :, None]
+    reference = special.logsumexp(log_w + a * np.log(SHARES) + b * np.log1p(-SHARES), axis=2)
+    assert np.all(np.isfinite(chances))
+    np.testing.assert_allclose(chances, reference, rtol=1e-12)
 
 
 def test_a_close_question_is_worth_more_than_a_clear_one() -> None:
