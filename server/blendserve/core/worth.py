@@ -100,7 +100,9 @@ def _expected_errors(
 def _powers(votes: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``x ** i`` and ``(1 - x) ** i`` over the grid, a row for each ``i < votes``."""
     i = np.arange(votes, dtype=np.float64)[:, None]
-    return SHARES[None] ** i, (1.0 - SHARES)[None] ** i
+    xs, ys = SHARES[None] ** i, (1.0 - SHARES)[None] ** i
+    xs.flags.writeable = ys.flags.writeable = False  # shared by every caller
+    return xs, ys
 
 
 @lru_cache(maxsize=32)
@@ -109,7 +111,9 @@ def _log_combinations(votes: int) -> tuple[NDArray[np.float64], NDArray[np.int64
     j = np.arange(votes, dtype=np.float64)[:, None]
     i = np.arange(votes, dtype=np.float64)[None, :]
     log_comb = special.gammaln(j + 1.0) - special.gammaln(i + 1.0) - special.gammaln(j - i + 1.0)
-    return np.where(i <= j, log_comb, -np.inf), np.maximum(j - i, 0).astype(np.int64)
+    log_comb, others = np.where(i <= j, log_comb, -np.inf), np.maximum(j - i, 0).astype(np.int64)
+    log_comb.flags.writeable = others.flags.writeable = False  # shared by every caller
+    return log_comb, others
 
 
 def _log_sum_exp(x: NDArray[np.float64], axis: int) -> NDArray[np.float64]:
